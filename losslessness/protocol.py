@@ -1,0 +1,269 @@
+"""The verifier protocols every implementation plugs into, and validation of their inputs.
+
+Conventions (DESIGN.md section 3, mirroring vLLM's and FlashInfer's):
+
+- token ids are ``int64``; probabilities are floating point, each row summing to 1 within
+  :data:`ROW_SUM_TOLERANCE`;
+- ``B`` is the batch, ``k`` the draft length, ``V`` the vocabulary;
+- a verifier's output is ``[B, k+1]`` int64 with emitted tokens left-aligned and
+  :data:`PLACEHOLDER` (-1) after the last one.
+
+Chain sampling verifier::
+
+    verify(target_probs [B, k+1, V], draft_probs [B, k, V],
+           draft_token_ids [B, k], generator: torch.Generator) -> [B, k+1] int64
+
+Greedy verifier::
+
+    verify_greedy(target_logits [B, k+1, V], draft_token_ids [B, k]) -> [B, k+1] int64
+
+Bad input raises :class:`InvalidInputError` (a ``ValueError``) whose message starts with the
+argument's name and says what was wrong.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+import torch
+
+PLACEHOLDER = -1
+"""Fills the output after the last emitted token."""
+
+ROW_SUM_TOLERANCE = 1e-5
+"""Largest accepted ``|sum(row) - 1|`` for a probability row; float32 softmax over 150k tokens
+stays well inside it, while a row that was never normalised (or lost mass to a bug) does not."""
+
+
+class InvalidInputError(ValueError):
+    """An argument of a verifier call is malformed; ``argument`` names it."""
+
+    def __init__(self, argument: str, problem: str) -> None:
+        super().__init__(f"{argument}: {problem}")
+        self.argument = argument
+        self.problem = problem
+
+
+@runtime_checkable
+class ChainVerifier(Protocol):
+    """One chain rejection-sampling verification step (Leviathan et al. 2022, Alg. 1).
+
+    Args:
+        target_probs: ``[B, k+1, V]`` float; row ``i`` is the target's distribution p_i at
+            draft position i, row ``k`` the bonus position.
+        draft_probs: ``[B, k, V]`` float; the draft distributions q_i the drafts came from.
+        draft_token_ids: ``[B, k]`` int64; ``d_i ~ q_i``, drawn by the caller.
+        generator: the only source of randomness.
+
+    Returns:
+        ``[B, k+1]`` int64: emitted tokens left-aligned, :data:`PLACEHOLDER` after the last.
+    """
+
+    def __call__(
+        self,
+        target_probs: torch.Tensor,
+        draft_probs: torch.Tensor,
+        draft_token_ids: torch.Tensor,
+        generator: torch.Generator,
+    ) -> torch.Tensor: ...
+
+
+@runtime_checkable
+class GreedyVerifier(Protocol):
+    """One greedy verification step: accept while ``d_i == argmax target_logits[i]``.
+
+    Args:
+        target_logits: ``[B, k+1, V]`` float; ``-inf`` allowed (masked tokens).
+        draft_token_ids: ``[B, k]`` int64.
+
+    Returns:
+        ``[B, k+1]`` int64: emitted tokens left-aligned, :data:`PLACEHOLDER` after the last.
+    """
+
+    def __call__(self, target_logits: torch.Tensor, draft_token_ids: torch.Tensor) -> torch.Tensor:
+        ...
+
+
+def _require_tensor(name: str, value: object) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor):
+        raise InvalidInputError(name, f"expected a torch.Tensor, got {type(value).__name__}")
+    return value
+
+
+def _require_rank(name: str, tensor: torch.Tensor, rank: int, layout: str) -> None:
+    if tensor.dim() != rank:
+        raise InvalidInputError(
+            name, f"expected rank {rank} {layout}, got shape {tuple(tensor.shape)}"
+        )
+
+
+def _require_float(name: str, tensor: torch.Tensor) -> None:
+    if not tensor.is_floating_point():
+        raise InvalidInputError(name, f"expected a floating-point dtype, got {tensor.dtype}")
+
+
+def _require_ids(name: str, tensor: torch.Tensor, vocab_size: int) -> None:
+    if tensor.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
+        raise InvalidInputError(name, f"expected an integer dtype (int64), got {tensor.dtype}")
+    if tensor.numel() == 0:
+        return
+    low, high = int(tensor.min()), int(tensor.max())
+    if low < 0 or high >= vocab_size:
+        bad = low if low < 0 else high
+        raise InvalidInputError(
+            name, f"token id {bad} out of range [0, {vocab_size}) for vocabulary size {vocab_size}"
+        )
+
+
+def validate_probability_rows(name: str, probs: torch.Tensor) -> None:
+    """Check that every row along the last axis is a probability vector.
+
+    Args:
+        name: the argument name used in error messages.
+        probs: ``[..., V]`` floating-point tensor.
+
+    Raises:
+        InvalidInputError: NaN or infinite entries, negative mass, or a row whose sum differs
+            from 1 by more than :data:`ROW_SUM_TOLERANCE`.
+    """
+    if probs.numel() == 0:
+        return
+    if not bool(torch.isfinite(probs).all()):
+        where = torch.nonzero(~torch.isfinite(probs))[0].tolist()
+        raise InvalidInputError(name, f"contains NaN or inf (first at index {where})")
+    if bool((probs < 0).any()):
+        where = torch.nonzero(probs < 0)[0].tolist()
+        raise InvalidInputError(
+            name, f"contains negative mass {float(probs[tuple(where)]):.3g} at index {where}"
+        )
+    sums = probs.to(torch.float64).sum(dim=-1)
+    error = (sums - 1.0).abs()
+    if bool((error > ROW_SUM_TOLERANCE).any()):
+        where = torch.nonzero(error > ROW_SUM_TOLERANCE)[0].tolist()
+        raise InvalidInputError(
+            name,
+            f"row {where} sums to {float(sums[tuple(where)]):.9g}, not 1 "
+            f"(tolerance {ROW_SUM_TOLERANCE:g})",
+        )
+
+
+def validate_chain_inputs(
+    target_probs: object,
+    draft_probs: object,
+    draft_token_ids: object,
+    generator: object | None = None,
+) -> tuple[int, int, int]:
+    """Validate the arguments of a chain verifier call (DESIGN.md section 3).
+
+    Args:
+        target_probs: ``[B, k+1, V]`` float tensor.
+        draft_probs: ``[B, k, V]`` float tensor.
+        draft_token_ids: ``[B, k]`` integer tensor with ids in ``[0, V)`` and
+            ``draft_probs[b, i, draft_token_ids[b, i]] > 0`` (a draft cannot have been drawn
+            from q where q is 0).
+        generator: a ``torch.Generator``, or None to skip that check.
+
+    Returns:
+        ``(B, k, V)``.
+
+    Raises:
+        InvalidInputError: naming the argument, for a wrong type, rank or shape, a k+1 vs k
+            mismatch, a vocabulary or batch mismatch, NaN/inf, negative mass, rows not summing
+            to 1, or draft ids out of range or with zero draft probability.
+    """
+    target = _require_tensor("target_probs", target_probs)
+    draft = _require_tensor("draft_probs", draft_probs)
+    ids = _require_tensor("draft_token_ids", draft_token_ids)
+    _require_rank("target_probs", target, 3, "[B, k+1, V]")
+    _require_rank("draft_probs", draft, 3, "[B, k, V]")
+    _require_rank("draft_token_ids", ids, 2, "[B, k]")
+    _require_float("target_probs", target)
+    _require_float("draft_probs", draft)
+    batch, positions, vocab = target.shape
+    if positions < 1:
+        raise InvalidInputError("target_probs", "needs k+1 >= 1 positions, got 0")
+    if vocab < 1:
+        raise InvalidInputError("target_probs", "vocabulary size V must be >= 1, got 0")
+    k = positions - 1
+    if draft.shape[0] != batch or ids.shape[0] != batch:
+        raise InvalidInputError(
+            "draft_probs" if draft.shape[0] != batch else "draft_token_ids",
+            f"batch size {draft.shape[0] if draft.shape[0] != batch else ids.shape[0]} "
+            f"does not match target_probs batch size {batch}",
+        )
+    if draft.shape[1] != k:
+        raise InvalidInputError(
+            "draft_probs",
+            f"has {draft.shape[1]} positions but target_probs has {positions} = k+1, "
+            f"so k = {k} draft positions are expected",
+        )
+    if draft.shape[2] != vocab:
+        raise InvalidInputError(
+            "draft_probs",
+            f"vocabulary size {draft.shape[2]} does not match target_probs vocabulary size {vocab}",
+        )
+    if ids.shape[1] != k:
+        raise InvalidInputError(
+            "draft_token_ids", f"has {ids.shape[1]} positions, expected k = {k}"
+        )
+    validate_probability_rows("target_probs", target)
+    validate_probability_rows("draft_probs", draft)
+    _require_ids("draft_token_ids", ids, vocab)
+    if k > 0 and batch > 0:
+        drafted_mass = draft.gather(-1, ids.long().unsqueeze(-1)).squeeze(-1)
+        if bool((drafted_mass <= 0).any()):
+            where = torch.nonzero(drafted_mass <= 0)[0].tolist()
+            raise InvalidInputError(
+                "draft_token_ids",
+                f"token {int(ids[tuple(where)])} at {where} has draft probability 0, "
+                "so it cannot have been sampled from draft_probs",
+            )
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise InvalidInputError(
+            "generator", f"expected a torch.Generator, got {type(generator).__name__}"
+        )
+    return batch, k, vocab
+
+
+def validate_greedy_inputs(target_logits: object, draft_token_ids: object) -> tuple[int, int, int]:
+    """Validate the arguments of a greedy verifier call.
+
+    Args:
+        target_logits: ``[B, k+1, V]`` float tensor; ``-inf`` marks masked tokens.
+        draft_token_ids: ``[B, k]`` integer tensor with ids in ``[0, V)``.
+
+    Returns:
+        ``(B, k, V)``.
+
+    Raises:
+        InvalidInputError: naming the argument, for a wrong type, rank or shape, a batch or
+            k mismatch, NaN or ``+inf`` logits, a row with every logit ``-inf``, or draft ids
+            out of range.
+    """
+    logits = _require_tensor("target_logits", target_logits)
+    ids = _require_tensor("draft_token_ids", draft_token_ids)
+    _require_rank("target_logits", logits, 3, "[B, k+1, V]")
+    _require_rank("draft_token_ids", ids, 2, "[B, k]")
+    _require_float("target_logits", logits)
+    batch, positions, vocab = logits.shape
+    if positions < 1 or vocab < 1:
+        raise InvalidInputError(
+            "target_logits", f"needs k+1 >= 1 positions and V >= 1, got {tuple(logits.shape)}"
+        )
+    if ids.shape[0] != batch:
+        raise InvalidInputError(
+            "draft_token_ids", f"batch size {ids.shape[0]} does not match target_logits ({batch})"
+        )
+    if ids.shape[1] != positions - 1:
+        raise InvalidInputError(
+            "draft_token_ids",
+            f"has {ids.shape[1]} positions but target_logits has {positions} = k+1",
+        )
+    if bool(torch.isnan(logits).any()):
+        raise InvalidInputError("target_logits", "contains NaN")
+    if bool((logits == float("inf")).any()):
+        raise InvalidInputError("target_logits", "contains +inf")
+    if batch > 0 and bool((logits == float("-inf")).all(dim=-1).any()):
+        raise InvalidInputError("target_logits", "a row has every logit -inf (no token possible)")
+    _require_ids("draft_token_ids", ids, vocab)
+    return batch, positions - 1, vocab
