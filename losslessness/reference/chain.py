@@ -112,22 +112,27 @@ def _verify_validated(
 ) -> torch.Tensor:
     batch, k = draft_token_ids.shape
     ids = draft_token_ids.to(torch.int64)
-    p = target_probs.to(torch.float64)
-    q = draft_probs.to(torch.float64)
-    # Rows are valid to 1e-5; renormalising makes the law followed exactly "row / row sum".
-    p = p / p.sum(dim=-1, keepdim=True)
-    q = q / q.sum(dim=-1, keepdim=True)
+    rows = torch.arange(batch, device=target_probs.device)
+    # Rows are valid to 1e-5; dividing by the row sums makes the law followed exactly
+    # "row / row sum". Only the gathered entries and one row per step are touched, never a
+    # float64 copy of the whole [B, k+1, V] input.
     if k > 0:
-        p_draft = p[:, :k].gather(-1, ids.unsqueeze(-1)).squeeze(-1)
-        q_draft = q.gather(-1, ids.unsqueeze(-1)).squeeze(-1)
-        accepted = accept_uniforms.to(torch.float64) < p_draft / q_draft
+        p_sums = target_probs[:, :k].sum(dim=-1, dtype=torch.float64)
+        q_sums = draft_probs.sum(dim=-1, dtype=torch.float64)
+        p_draft = target_probs[:, :k].gather(-1, ids.unsqueeze(-1)).squeeze(-1).to(torch.float64)
+        q_draft = draft_probs.gather(-1, ids.unsqueeze(-1)).squeeze(-1).to(torch.float64)
+        accepted = accept_uniforms.to(torch.float64) < (p_draft / p_sums) / (q_draft / q_sums)
         n_accepted = accepted_lengths(accepted)
     else:
-        n_accepted = torch.zeros(batch, dtype=torch.int64, device=p.device)
-    rows = torch.arange(batch, device=p.device)
-    p_final = p[rows, n_accepted]
-    # A zero draft row at position k makes the bonus draw come from the same residual formula.
-    q_padded = torch.cat([q, torch.zeros_like(p[:, :1])], dim=1)
-    final_law = residual_distribution(p_final, q_padded[rows, n_accepted])
+        n_accepted = torch.zeros(batch, dtype=torch.int64, device=target_probs.device)
+    p_final = target_probs[rows, n_accepted].to(torch.float64)
+    p_final = p_final / p_final.sum(dim=-1, keepdim=True)
+    final_law = p_final
+    if k > 0:
+        # The bonus row (n_accepted == k) has no draft row: its law is p_k itself.
+        q_final = draft_probs[rows, n_accepted.clamp(max=k - 1)].to(torch.float64)
+        q_final = q_final / q_final.sum(dim=-1, keepdim=True)
+        corrections = residual_distribution(p_final, q_final)
+        final_law = torch.where((n_accepted < k).unsqueeze(1), corrections, p_final)
     final_token = sample_inverse_cdf(final_law, sample_uniforms)
     return emitted_tokens(ids, n_accepted, final_token)

@@ -1,0 +1,15 @@
+"""The reference implementations as an adapter (the audit's own ground truth, audited like any
+other target: it must come out LOSSLESS)."""
+
+from __future__ import annotations
+
+from losslessness.adapters.base import Adapter
+from losslessness.reference import verify, verify_greedy
+
+adapter = Adapter(
+    name="reference",
+    description="losslessness.reference: chain rejection sampling (Leviathan et al. 2022, "
+    "Alg. 1) and greedy verify, float64",
+    chain=verify,
+    greedy=verify_greedy,
+)

@@ -1,0 +1,409 @@
+"""Running the battery on adapters: plan, budget, sample, check -> :class:`AuditResult`.
+
+The run's family-wise false-alarm rate is split Bonferroni over every statistical assertion
+of the run (all targets, cases, positions), counted before any sample is drawn; each case's
+number of verification steps is then sized so that its identity tests detect the design TV
+with the design power at that per-assertion level (DESIGN.md section 5). A target that raises
+is recorded as ERROR for that case's checks and the audit goes on.
+"""
+
+from __future__ import annotations
+
+import enum
+import platform
+import sys
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+import numpy as np
+import scipy
+import torch
+
+import losslessness
+from losslessness.adapters.base import Adapter
+from losslessness.checks import (
+    CasePlan,
+    ChainCase,
+    CheckContext,
+    CheckKind,
+    CheckResult,
+    GreedyCase,
+    ProtocolViolation,
+    Verdict,
+    check_acceptance,
+    check_conditional_laws,
+    check_greedy,
+    check_structure,
+    count_statistical_assertions,
+    default_chain_battery,
+    default_greedy_battery,
+    plan_case,
+    sample_chain,
+)
+from losslessness.checks.planning import acceptance_is_statistical, case_laws, law_is_statistical
+from losslessness.seeding import derive_seed
+from losslessness.stats import DEFAULT_FAMILY_WISE_ALPHA, ErrorBudget
+
+SCHEMA_VERSION = "1"
+"""Version of the :class:`AuditResult` JSON layout."""
+
+ProgressCallback = Callable[[int, int, str], None]
+"""Called with (steps done, steps planned, label of the current case)."""
+
+
+@dataclass(frozen=True)
+class AuditConfig:
+    """Design of one audit run.
+
+    Attributes:
+        tv: design TV distance eps: each identity test detects TV >= eps with ``power``.
+        family_wise_alpha: probability that a correct target gets any false alarm in the run.
+        power: design power 1 - beta.
+        seed: the run seed; every case's seed derives from it and the case hash.
+        only: check ids to run (``law``, ``acceptance``, ``structure``, ``greedy``, ``edge``
+            for every ``edge.*``); empty runs all.
+        cases: case ids to run; empty runs the whole battery.
+        max_steps: cap on verification steps per case and row type.
+        steps: when set, every case uses exactly this many steps (replays), overriding the plan.
+
+    Raises:
+        ValueError: naming the field, for values out of range.
+    """
+
+    tv: float = 0.05
+    family_wise_alpha: float = DEFAULT_FAMILY_WISE_ALPHA
+    power: float = 0.9
+    seed: int = 0
+    only: tuple[str, ...] = ()
+    cases: tuple[str, ...] = ()
+    max_steps: int = 200_000
+    steps: int | None = None
+
+    def __post_init__(self) -> None:
+        if not 0 < self.tv <= 1:
+            raise ValueError(f"tv: must lie in (0, 1], got {self.tv}")
+        if not 0 < self.family_wise_alpha < 1:
+            raise ValueError(f"family_wise_alpha: must lie in (0, 1), got {self.family_wise_alpha}")
+        if not 0 < self.power < 1:
+            raise ValueError(f"power: must lie in (0, 1), got {self.power}")
+        if self.max_steps < 1:
+            raise ValueError(f"max_steps: must be >= 1, got {self.max_steps}")
+        if self.steps is not None and self.steps < 1:
+            raise ValueError(f"steps: must be >= 1, got {self.steps}")
+
+    def selects(self, check_id: str) -> bool:
+        """Whether ``check_id`` is among the checks to run (``edge`` selects every ``edge.*``)."""
+        return not self.only or any(
+            check_id == name or check_id.startswith(name + ".") for name in self.only
+        )
+
+
+class TargetVerdict(str, enum.Enum):
+    """Verdict on one target: LOSSLESS, LOSSY (any check LOSSY), SUBOPTIMAL (lossless but
+    accepts fewer drafts than sum min(p, q)), ERROR (crashed or unavailable, nothing LOSSY)."""
+
+    LOSSLESS = "LOSSLESS"
+    LOSSY = "LOSSY"
+    SUBOPTIMAL = "SUBOPTIMAL"
+    ERROR = "ERROR"
+
+
+@dataclass(frozen=True)
+class UnavailableTarget:
+    """A requested target that could not be loaded; recorded as ERROR with ``reason``."""
+
+    name: str
+    reason: str
+
+
+@dataclass
+class TargetResult:
+    """Everything the audit found about one target.
+
+    Attributes:
+        name, description: the adapter's.
+        verdict: see :class:`TargetVerdict`.
+        checks: one record per assertion.
+        wall_time_s: seconds spent on this target.
+        verify_steps: verification steps (batch rows) the target ran.
+        verifier_calls: calls made to the target.
+        verifier_time_s: seconds spent inside the target.
+        error: why the target could not be audited at all, if so.
+    """
+
+    name: str
+    description: str
+    verdict: TargetVerdict
+    checks: list[CheckResult] = field(default_factory=list)
+    wall_time_s: float = 0.0
+    verify_steps: int = 0
+    verifier_calls: int = 0
+    verifier_time_s: float = 0.0
+    error: str | None = None
+
+
+@dataclass
+class AuditResult:
+    """One audit run (plain dataclasses; :mod:`reports.json` reads and writes it).
+
+    Attributes:
+        schema_version: :data:`SCHEMA_VERSION`.
+        config: the design.
+        n_assertions: statistical assertions the run's budget was split over.
+        per_assertion_alpha: ``family_wise_alpha / n_assertions`` (Bonferroni).
+        targets: one result per target, in the order requested.
+        wall_time_s: seconds for the whole run.
+        started_at: ISO 8601 UTC time the run started.
+        environment: versions (python, torch, numpy, scipy, losslessness, platform).
+    """
+
+    schema_version: str
+    config: AuditConfig
+    n_assertions: int
+    per_assertion_alpha: float
+    targets: list[TargetResult]
+    wall_time_s: float
+    started_at: str
+    environment: dict[str, str]
+
+    @property
+    def exit_code(self) -> int:
+        """0 lossless (SUBOPTIMAL included), 1 any target LOSSY, 3 any target crashed."""
+        verdicts = {target.verdict for target in self.targets}
+        if TargetVerdict.LOSSY in verdicts:
+            return 1
+        if TargetVerdict.ERROR in verdicts:
+            return 3
+        return 0
+
+
+def _target_verdict(checks: Sequence[CheckResult]) -> TargetVerdict:
+    verdicts = {check.verdict for check in checks}
+    if Verdict.LOSSY in verdicts:
+        return TargetVerdict.LOSSY
+    if Verdict.ERROR in verdicts:
+        return TargetVerdict.ERROR
+    if Verdict.SUBOPTIMAL in verdicts:
+        return TargetVerdict.SUBOPTIMAL
+    return TargetVerdict.LOSSLESS
+
+
+def _environment() -> dict[str, str]:
+    environment = {
+        "losslessness": losslessness.__version__,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "numpy": np.__version__,
+        "scipy": scipy.__version__,
+        "platform": platform.platform(),
+    }
+    if "transformers" in sys.modules:
+        environment["transformers"] = str(sys.modules["transformers"].__version__)
+    return environment
+
+
+def _selected_assertions(case: ChainCase, config: AuditConfig) -> int:
+    if not config.only:
+        return count_statistical_assertions(case)
+    total = 0
+    for laws in case_laws(case):
+        if config.selects("law"):
+            total += sum(law_is_statistical(laws, i) for i in range(case.k + 1))
+        if config.selects("acceptance"):
+            total += sum(acceptance_is_statistical(laws, i) for i in range(case.k))
+    return total
+
+
+@dataclass
+class _Plan:
+    chain_cases: list[ChainCase]
+    greedy_cases: list[GreedyCase]
+    budget: ErrorBudget
+    case_plans: dict[str, CasePlan]
+
+
+def _select_cases(config: AuditConfig) -> tuple[list[ChainCase], list[GreedyCase]]:
+    chain = default_chain_battery()
+    greedy = default_greedy_battery()
+    if config.cases:
+        known = {case.case_id for case in [*chain, *greedy]}
+        unknown = sorted(set(config.cases) - known)
+        if unknown:
+            raise ValueError(f"cases: unknown case ids {unknown}; known: {sorted(known)}")
+        chain = [case for case in chain if case.case_id in config.cases]
+        greedy = [case for case in greedy if case.case_id in config.cases]
+    chain_checks = ("structure", "law", "acceptance", "edge.disjoint", "edge.one-hot",
+                    "edge.p-equals-q")
+    if not any(config.selects(check_id) for check_id in chain_checks):
+        chain = []
+    if not config.selects("greedy"):
+        greedy = []
+    return chain, greedy
+
+
+def plan_audit(adapters: Sequence[Adapter], config: AuditConfig) -> _Plan:
+    """Count the run's statistical assertions, split the budget, and size every case.
+
+    Raises:
+        ValueError: unknown case ids in ``config.cases``.
+    """
+    chain, greedy = _select_cases(config)
+    chain_targets = sum(adapter.chain is not None for adapter in adapters)
+    n_assertions = chain_targets * sum(_selected_assertions(case, config) for case in chain)
+    budget = ErrorBudget(max(1, n_assertions), config.family_wise_alpha)
+    plans = {}
+    for case in chain if chain_targets else []:
+        if config.steps is not None:
+            plans[case.case_id] = CasePlan(config.steps, config.steps, False)
+        else:
+            plans[case.case_id] = plan_case(
+                case, config.tv, budget.per_assertion_alpha, config.power, config.max_steps
+            )
+    return _Plan(chain, greedy, budget, plans)
+
+
+def _planned_steps(adapter: Adapter, plan: _Plan) -> int:
+    steps = 0
+    if adapter.chain is not None:
+        steps += sum(plan.case_plans[case.case_id].n_steps * case.n_rows for case in plan.chain_cases)
+    if adapter.greedy is not None:
+        steps += sum(int(case.draft_token_ids.shape[0]) for case in plan.greedy_cases)
+    return steps
+
+
+def _error_results(context: CheckContext, check_ids: Sequence[str], error: BaseException) -> list[
+    CheckResult
+]:
+    where = traceback.extract_tb(error.__traceback__)[-1] if error.__traceback__ else None
+    location = f" at {where.filename}:{where.lineno}" if where else ""
+    message = f"target raised {type(error).__name__}: {error}{location}"
+    return [
+        context.result(check_id, kind=CheckKind.EXACT, n=0, verdict=Verdict.ERROR,
+                       min_detectable_tv=float("inf"), message=message)
+        for check_id in check_ids
+    ]
+
+
+def _audit_chain_case(
+    adapter: Adapter, case: ChainCase, plan: CasePlan, config: AuditConfig,
+    budget: ErrorBudget, advance: Callable[[int], None], totals: TargetResult,
+) -> list[CheckResult]:
+    assert adapter.chain is not None
+    seed = derive_seed(config.seed, "chain", case.case_hash)
+    context = CheckContext(adapter.name, case.case_id, case.summary, case.case_hash,
+                           budget.per_assertion_alpha, config.power, config.tv, seed)
+    selected = [check_id for check_id in ("structure", "law", "acceptance")
+                if config.selects(check_id)]
+    try:
+        samples = sample_chain(adapter.chain, case, plan.n_steps, seed,
+                               progress=lambda m: advance(m * case.n_rows))
+    except ProtocolViolation as violation:
+        return [context.result(
+            "structure", kind=CheckKind.EXACT, n=0, verdict=Verdict.LOSSY, p_value=0.0,
+            min_detectable_tv=float("inf"), message=f"malformed output: {violation}",
+        )]
+    except Exception as error:  # noqa: BLE001 - a crashing target is recorded, the audit goes on
+        return _error_results(context, selected or ["structure"], error)
+    totals.verify_steps += plan.n_steps * case.n_rows
+    totals.verifier_calls += samples.calls
+    totals.verifier_time_s += samples.verifier_time_s
+    context = CheckContext(adapter.name, case.case_id, case.summary, case.case_hash,
+                           budget.per_assertion_alpha, config.power, config.tv, seed,
+                           samples.wall_time_s)
+    results = [check_structure(samples, context)]
+    results += check_conditional_laws(samples, context)
+    results += check_acceptance(samples, context)
+    for result in results:
+        result.details["steps"] = plan.n_steps
+        result.details["capped"] = plan.capped
+    return [result for result in results if config.selects(result.check_id)]
+
+
+def _audit_greedy_case(adapter: Adapter, case: GreedyCase, config: AuditConfig,
+                       budget: ErrorBudget, totals: TargetResult) -> CheckResult:
+    assert adapter.greedy is not None
+    context = CheckContext(adapter.name, case.case_id, case.summary, case.case_hash,
+                           budget.per_assertion_alpha, config.power, config.tv, 0)
+    began = time.perf_counter()
+    try:
+        result = check_greedy(adapter.greedy, case, context)
+    except Exception as error:  # noqa: BLE001 - a crashing target is recorded, the audit goes on
+        return _error_results(context, ["greedy"], error)[0]
+    totals.verify_steps += int(case.draft_token_ids.shape[0])
+    totals.verifier_calls += 1
+    totals.verifier_time_s += time.perf_counter() - began
+    return result
+
+
+def run_audit(
+    targets: Sequence[Adapter | UnavailableTarget],
+    config: AuditConfig | None = None,
+    progress: ProgressCallback | None = None,
+) -> AuditResult:
+    """Audit every target on the battery and return the full record.
+
+    Args:
+        targets: adapters to audit, or :class:`UnavailableTarget` placeholders (recorded as
+            ERROR so that the run's record says what could not be audited).
+        config: the design; defaults to :class:`AuditConfig` ().
+        progress: optional callback (steps done, steps planned, current label).
+
+    Returns:
+        :class:`AuditResult`; ``exit_code`` gives the CLI's exit status.
+
+    Raises:
+        ValueError: unknown case ids in ``config.cases``.
+    """
+    config = config or AuditConfig()
+    started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    began = time.perf_counter()
+    adapters = [target for target in targets if isinstance(target, Adapter)]
+    plan = plan_audit(adapters, config)
+    planned = sum(_planned_steps(adapter, plan) for adapter in adapters)
+    done = 0
+    results = []
+    for target in targets:
+        if isinstance(target, UnavailableTarget):
+            results.append(TargetResult(target.name, "unavailable", TargetVerdict.ERROR,
+                                        error=target.reason))
+            continue
+        target_began = time.perf_counter()
+        totals = TargetResult(target.name, target.description, TargetVerdict.LOSSLESS)
+        label = target.name
+
+        def advance(steps: int) -> None:
+            nonlocal done
+            done += steps
+            if progress is not None:
+                progress(done, planned, label)
+
+        if target.chain is not None:
+            for case in plan.chain_cases:
+                label = f"{target.name} {case.case_id}"
+                totals.checks += _audit_chain_case(
+                    target, case, plan.case_plans[case.case_id], config, plan.budget,
+                    advance, totals,
+                )
+        if target.greedy is not None:
+            for greedy_case in plan.greedy_cases:
+                label = f"{target.name} {greedy_case.case_id}"
+                totals.checks.append(
+                    _audit_greedy_case(target, greedy_case, config, plan.budget, totals)
+                )
+                advance(int(greedy_case.draft_token_ids.shape[0]))
+        totals.verdict = _target_verdict(totals.checks)
+        totals.wall_time_s = time.perf_counter() - target_began
+        results.append(totals)
+    return AuditResult(
+        schema_version=SCHEMA_VERSION,
+        config=config,
+        n_assertions=plan.budget.n_assertions,
+        per_assertion_alpha=plan.budget.per_assertion_alpha,
+        targets=results,
+        wall_time_s=time.perf_counter() - began,
+        started_at=started,
+        environment=_environment(),
+    )

@@ -1,0 +1,47 @@
+"""The battery: one module per property (structure, conditional laws, acceptance, greedy).
+
+Checks consume samples and exact laws and produce :class:`CheckResult` records; they never
+decide which samples to draw (``sampling``) or how many (``planning``).
+"""
+
+from losslessness.checks.acceptance import check_acceptance
+from losslessness.checks.battery import BATTERY_SEED, default_chain_battery, default_greedy_battery
+from losslessness.checks.cases import ChainCase, GreedyCase
+from losslessness.checks.conditional_law import check_conditional_laws
+from losslessness.checks.greedy import check_greedy
+from losslessness.checks.planning import CasePlan, count_statistical_assertions, plan_case
+from losslessness.checks.result import CheckContext, CheckKind, CheckResult, Verdict
+from losslessness.checks.sampling import ChainSamples, ProtocolViolation, sample_chain
+from losslessness.checks.structure import check_structure
+
+CHAIN_CHECK_IDS = (
+    "structure", "law", "acceptance", "edge.disjoint", "edge.one-hot", "edge.p-equals-q",
+)
+"""Check ids a chain verifier is audited with."""
+
+GREEDY_CHECK_IDS = ("greedy",)
+"""Check ids a greedy verifier is audited with."""
+
+__all__ = [
+    "BATTERY_SEED",
+    "CHAIN_CHECK_IDS",
+    "GREEDY_CHECK_IDS",
+    "CasePlan",
+    "ChainCase",
+    "ChainSamples",
+    "CheckContext",
+    "CheckKind",
+    "CheckResult",
+    "GreedyCase",
+    "ProtocolViolation",
+    "Verdict",
+    "check_acceptance",
+    "check_conditional_laws",
+    "check_greedy",
+    "check_structure",
+    "count_statistical_assertions",
+    "default_chain_battery",
+    "default_greedy_battery",
+    "plan_case",
+    "sample_chain",
+]

@@ -1,0 +1,196 @@
+"""The default case battery a LOSSLESS verdict stands on.
+
+It spans V from 2 to 4096; flat, dense, peaked (hundreds of masses below 1e-3) and skewed
+distributions; exact zeros in p where q is positive and the reverse; q near p and far from it;
+draft lengths k = 1..4; batches of identical rows and of different rows; and the exact edge
+cases of DESIGN.md section 4 (disjoint supports, one-hot p, p == q). Every case is built from
+:data:`BATTERY_SEED`, so the battery, and each case's hash, is the same on every machine.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from losslessness.checks.cases import ChainCase, GreedyCase
+from losslessness.reference.laws import total_variation
+
+BATTERY_SEED = 20221130
+"""Seed of the battery's construction (the date of Leviathan et al.'s first arXiv version)."""
+
+
+def _tensor(rows: list[np.ndarray]) -> torch.Tensor:
+    array = np.stack(rows).astype(np.float64)
+    return torch.from_numpy(array / array.sum(axis=-1, keepdims=True))
+
+
+def _softmax(logits: np.ndarray) -> np.ndarray:
+    shifted = np.exp(logits - logits.max())
+    return shifted / shifted.sum()
+
+
+def _mix(p: np.ndarray, other: np.ndarray, weight: float) -> np.ndarray:
+    return (1.0 - weight) * p + weight * other
+
+
+def _case(
+    case_id: str, regime: str, target: list[list[np.ndarray]], draft: list[list[np.ndarray]],
+    tags: set[str],
+) -> ChainCase:
+    target_probs = torch.stack([_tensor(rows) for rows in target])
+    draft_probs = torch.stack([_tensor(rows) for rows in draft])
+    k = draft_probs.shape[1]
+    tv = total_variation(target_probs[:, :k], draft_probs)
+    tv_text = f"TV(p,q) {float(tv.min()):.2f}-{float(tv.max()):.2f}" if k else "k=0"
+    rows = f", {target_probs.shape[0]} row types" if target_probs.shape[0] > 1 else ""
+    summary = f"V={target_probs.shape[2]} k={k} {regime}, {tv_text}{rows}"
+    return ChainCase(case_id, summary, target_probs, draft_probs, frozenset(tags))
+
+
+def default_chain_battery() -> list[ChainCase]:
+    """The chain-verifier battery of the default audit.
+
+    Returns:
+        Twelve :class:`ChainCase` objects, deterministic (built from :data:`BATTERY_SEED`).
+    """
+    rng = np.random.default_rng(BATTERY_SEED)
+
+    def dirichlet(vocab: int, concentration: float) -> np.ndarray:
+        return rng.dirichlet(np.full(vocab, concentration))
+
+    cases = []
+    cases.append(_case(
+        "v2-tilted", "dense",
+        [[np.array([0.3, 0.7]), np.array([0.6, 0.4]), np.array([0.45, 0.55])]],
+        [[np.array([0.5, 0.5]), np.array([0.2, 0.8])]],
+        {"dense"},
+    ))
+    cases.append(_case(
+        "v2-skewed", "tiny masses",
+        [[np.array([0.004, 0.996]), np.array([0.99, 0.01])]],
+        [[np.array([0.3, 0.7])]],
+        {"skewed"},
+    ))
+    cases.append(_case(
+        "v8-far", "dense, q far from p",
+        [[dirichlet(8, 1.0) for _ in range(2)]],
+        [[dirichlet(8, 1.0)]],
+        {"dense", "far"},
+    ))
+    p16 = [dirichlet(16, 2.0) for _ in range(5)]
+    cases.append(_case(
+        "v16-near-k4", "dense, q near p",
+        [p16],
+        [[_mix(p, dirichlet(16, 2.0), 0.1) for p in p16[:4]]],
+        {"dense", "near"},
+    ))
+
+    def with_zeros(vocab: int, zero_share: float) -> np.ndarray:
+        probs = dirichlet(vocab, 1.0)
+        probs[rng.random(vocab) < zero_share] = 0.0
+        probs[rng.integers(vocab)] += 0.05  # never an all-zero row
+        return probs
+
+    p64 = [with_zeros(64, 0.35) for _ in range(4)]
+    q64 = []
+    for p in p64[:3]:
+        q = _mix(p / p.sum(), dirichlet(64, 1.0), 0.3)
+        q[rng.random(64) < 0.3] = 0.0  # zeros of q where p is positive: only the residual emits them
+        q[int(np.argmax(p))] += 0.05
+        q64.append(q)
+    cases.append(_case("v64-zeros", "exact zeros in p and in q", [p64], [q64], {"zeros"}))
+
+    def peaked(vocab: int, temperature: float) -> tuple[np.ndarray, np.ndarray]:
+        logits = rng.standard_normal(vocab)
+        return logits, _softmax(logits / temperature)
+
+    peaked_rows = [peaked(1000, 0.35) for _ in range(3)]
+    cases.append(_case(
+        "v1000-peaked", "peaked (low temperature), q a perturbed temperature",
+        [[probs for _, probs in peaked_rows]],
+        [[_softmax((logits + 0.3 * rng.standard_normal(1000)) / 0.4)
+          for logits, _ in peaked_rows[:2]]],
+        {"peaked", "near"},
+    ))
+    p4096 = [dirichlet(4096, 50.0) for _ in range(2)]
+    cases.append(_case(
+        "v4096-flat", "flat", [p4096], [[_mix(p4096[0], dirichlet(4096, 50.0), 0.8)]], {"flat"},
+    ))
+    mixed_target, mixed_draft = [], []
+    for concentration, weight in ((2.0, 0.1), (0.5, 0.6), (1.0, 0.5)):
+        ps = [dirichlet(32, concentration) for _ in range(3)]
+        mixed_target.append(ps)
+        mixed_draft.append([_mix(p, dirichlet(32, concentration), weight) for p in ps[:2]])
+    cases.append(_case(
+        "v32-mixed-batch", "different rows in one batch", mixed_target, mixed_draft,
+        {"mixed-batch", "near", "far"},
+    ))
+    p300 = [dirichlet(300, 0.1), dirichlet(300, 0.1)]
+    cases.append(_case(
+        "v300-far-k1", "sparse Dirichlet(0.1), q far from p",
+        [p300], [[_mix(p300[0], dirichlet(300, 0.1), 0.6)]], {"far", "peaked"},
+    ))
+    half = np.concatenate([np.ones(8), np.zeros(8)])
+    cases.append(_case(
+        "edge-disjoint", "disjoint supports",
+        [[half * dirichlet(16, 1.0) for _ in range(3)]],
+        [[half[::-1] * dirichlet(16, 1.0) for _ in range(2)]],
+        {"disjoint"},
+    ))
+    hot_tokens = rng.choice(32, size=4, replace=False)
+    cases.append(_case(
+        "edge-one-hot", "one-hot p",
+        [[np.eye(32)[token] for token in hot_tokens]],
+        [[_mix(np.eye(32)[token], dirichlet(32, 1.0), 0.3) for token in hot_tokens[:3]]],
+        {"one-hot"},
+    ))
+    same = [dirichlet(32, 1.0) for _ in range(3)]
+    cases.append(_case(
+        "edge-p-equals-q", "p == q", [[*same, dirichlet(32, 1.0)]], [same], {"p-equals-q"},
+    ))
+    return cases
+
+
+def default_greedy_battery() -> list[GreedyCase]:
+    """The greedy-verifier battery: random logits, exact ties at the maximum, -inf masks.
+
+    Drafts equal the target's argmax with probability 0.7 per position so that deep positions
+    and the bonus are reached; in the tie cases a wrong draft is preferably a tied maximum
+    other than the lowest index, which a correct verifier must reject.
+
+    Returns:
+        :class:`GreedyCase` objects, deterministic (built from :data:`BATTERY_SEED`).
+    """
+    rng = np.random.default_rng(BATTERY_SEED + 1)
+    cases = []
+    for vocab, k, regime in (
+        (2, 1, "random"), (50, 4, "random"), (4096, 2, "random"),
+        (8, 3, "ties"), (300, 4, "ties"), (64, 2, "masked"),
+    ):
+        batch = 256
+        if regime == "ties":
+            logits = rng.integers(0, 3, size=(batch, k + 1, vocab)).astype(np.float64)
+        else:
+            logits = rng.standard_normal((batch, k + 1, vocab))
+        if regime == "masked":
+            mask = rng.random((batch, k + 1, vocab)) < 0.5
+            mask[..., 0] = False  # keep every row possible
+            logits[mask] = -np.inf
+        best = logits.max(axis=-1, keepdims=True)
+        argmax = np.argmax(logits == best, axis=-1)
+        drafts = rng.integers(0, vocab, size=(batch, k))
+        match = rng.random((batch, k)) < 0.7
+        drafts = np.where(match, argmax[:, :k], drafts)
+        if regime == "ties":
+            for b, i in zip(*np.nonzero(~match), strict=True):
+                tied = np.flatnonzero(logits[b, i] == best[b, i, 0])
+                if len(tied) > 1:
+                    drafts[b, i] = rng.choice(tied[1:])
+        cases.append(GreedyCase(
+            f"greedy-v{vocab}-{regime}",
+            f"V={vocab} k={k} {regime} logits, B={batch}",
+            torch.from_numpy(logits),
+            torch.from_numpy(drafts.astype(np.int64)),
+            frozenset({regime}),
+        ))
+    return cases

@@ -1,0 +1,98 @@
+"""Conditional law at every position (the verdict; DESIGN.md section 4, item 2).
+
+Among the steps that reach position i (d_0..d_{i-1} accepted), the token emitted at i must
+follow p_i: position 0 is the marginal, position k the bonus token. Each (row type, position)
+is one identity test (Cressie-Read power divergence, lambda = 2/3) at the per-assertion level,
+plus its exact part: a token with p_i = 0 (or an id outside the vocabulary) is never emitted.
+With a one-hot p_i the whole check is exact (``edge.one-hot``).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from losslessness.checks.planning import case_laws, is_reachable, law_is_statistical
+from losslessness.checks.result import CheckContext, CheckKind, CheckResult, Verdict
+from losslessness.checks.sampling import ChainSamples
+from losslessness.checks.structure import emitted_counts
+from losslessness.stats import (
+    exact_check_minimum_detectable_rate,
+    identity_minimum_detectable_tv,
+    identity_test,
+)
+
+
+def check_conditional_laws(samples: ChainSamples, context: CheckContext) -> list[CheckResult]:
+    """Identity-test the emitted token at every reachable position against p_i.
+
+    Args:
+        samples: outputs ``[R, n, k+1]`` of a case.
+        context: the case's context (per-assertion alpha, power, seed).
+
+    Returns:
+        One :class:`CheckResult` per (row type, position): statistical ``law`` checks, exact
+        ``edge.one-hot`` checks for one-hot p_i, SKIPPED for positions the step cannot reach.
+    """
+    case = samples.case
+    counts = emitted_counts(samples.outputs)
+    results = []
+    for r, laws in enumerate(case_laws(case)):
+        for i in range(case.k + 1):
+            began = time.perf_counter()
+            tokens = samples.outputs[r, counts[r] > i, i]
+            p = laws.emitted[i].numpy()
+            statistical = law_is_statistical(laws, i)
+            check_id = "law" if statistical or "one-hot" not in case.tags else "edge.one-hot"
+            kind = CheckKind.STATISTICAL if statistical else CheckKind.EXACT
+            common = {"position": i, "row": r, "n": int(tokens.size)}
+            details = {"n_rows": case.n_rows, "reach_probability": float(laws.reach[i])}
+            if not is_reachable(laws, i):
+                results.append(context.result(
+                    check_id, kind=CheckKind.EXACT, verdict=Verdict.SKIPPED,
+                    min_detectable_tv=float("inf"), details=details,
+                    message="unreachable: P(reach) = 0 (the acceptance check covers it)",
+                    **common,
+                ))
+                continue
+            in_vocab = (tokens >= 0) & (tokens < case.vocab_size)
+            out_of_vocab = int((~in_vocab).sum())
+            test = identity_test(np.bincount(tokens[in_vocab], minlength=case.vocab_size), p)
+            impossible = test.zero_mass_count + out_of_vocab
+            if statistical:
+                bound = identity_minimum_detectable_tv(p, test.n, context.alpha, context.power)
+                min_tv = bound.minimum_detectable_tv
+            else:
+                min_tv = exact_check_minimum_detectable_rate(test.n, context.power)
+            details.update(pooled_cells=test.pooled_cells, pooled_mass=test.pooled_mass,
+                           zero_mass_count=test.zero_mass_count, out_of_vocab=out_of_vocab)
+            if impossible:
+                verdict = Verdict.LOSSY
+                shown = list(test.zero_mass_tokens[:5])
+                message = (
+                    f"{impossible} of {tokens.size} emitted tokens have p = 0 at position {i}"
+                    f" (tokens {shown}{' and ids outside the vocabulary' if out_of_vocab else ''})"
+                )
+            elif statistical and test.pvalue <= context.alpha:
+                verdict = Verdict.LOSSY
+                observed = np.bincount(tokens, minlength=case.vocab_size) / max(tokens.size, 1)
+                worst = int(np.argmax(np.abs(observed - p)))
+                message = (
+                    f"emitted token at position {i} does not follow p_{i}: p-value "
+                    f"{test.pvalue:.3g} <= alpha {context.alpha:.3g}; largest gap at token "
+                    f"{worst}: observed {observed[worst]:.4f} vs p {p[worst]:.4f}; empirical TV "
+                    f"{0.5 * float(np.abs(observed - p).sum()):.4f}"
+                )
+            else:
+                verdict = Verdict.PASS
+                message = f"emitted token at position {i} ~ p_{i}"
+            results.append(context.result(
+                check_id, kind=kind, verdict=verdict, min_detectable_tv=min_tv,
+                statistic=test.statistic if statistical else float(impossible),
+                df=test.df if statistical else None,
+                p_value=test.pvalue if statistical and not impossible else float(not impossible),
+                wall_time_s=time.perf_counter() - began, message=message, details=details,
+                **common,
+            ))
+    return results

@@ -1,0 +1,63 @@
+"""Greedy exactness (DESIGN.md section 4, item 6): token-for-token equality with the reference
+greedy verifier, ties included (the lowest index wins, as ``torch.argmax`` documents)."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from losslessness.checks.cases import GreedyCase
+from losslessness.checks.result import CheckContext, CheckKind, CheckResult, Verdict
+from losslessness.checks.sampling import ProtocolViolation, coerce_output
+from losslessness.protocol import GreedyVerifier
+from losslessness.reference.greedy import verify_greedy
+from losslessness.stats import exact_check_minimum_detectable_rate
+
+
+def check_greedy(verifier: GreedyVerifier, case: GreedyCase, context: CheckContext) -> CheckResult:
+    """Compare a greedy verifier with the reference on every row of ``case``.
+
+    Args:
+        verifier: the greedy verifier under audit.
+        case: logits ``[B, k+1, V]`` and drafts ``[B, k]``.
+        context: the case's context.
+
+    Returns:
+        One exact :class:`CheckResult`: LOSSY with the first differing row, else PASS.
+
+    Raises:
+        Exception: whatever the verifier raised, unchanged.
+    """
+    began = time.perf_counter()
+    batch = case.draft_token_ids.shape[0]
+    expected = verify_greedy(case.target_logits, case.draft_token_ids).numpy()
+    try:
+        got = coerce_output(
+            verifier(case.target_logits.clone(), case.draft_token_ids.clone()), batch, case.k
+        )
+    except ProtocolViolation as violation:
+        return context.result(
+            "greedy", kind=CheckKind.EXACT, n=batch, verdict=Verdict.LOSSY, statistic=None,
+            p_value=0.0, min_detectable_tv=exact_check_minimum_detectable_rate(batch, context.power),
+            wall_time_s=time.perf_counter() - began, message=f"malformed output: {violation}",
+        )
+    differs = (got != expected).any(axis=1)
+    n_bad = int(differs.sum())
+    message = f"all {batch} rows equal greedy decoding"
+    if n_bad:
+        b = int(np.flatnonzero(differs)[0])
+        i = int(np.flatnonzero(got[b] != expected[b])[0])
+        logits = case.target_logits[b, min(i, case.k)]
+        tied = int((logits == logits.max()).sum())
+        message = (
+            f"{n_bad} of {batch} rows differ from greedy decoding. First: row {b}, position {i}: "
+            f"drafts {case.draft_token_ids[b].tolist()}, expected {expected[b].tolist()}, got "
+            f"{got[b].tolist()}{f' ({tied}-way tie at the maximum)' if tied > 1 else ''}"
+        )
+    return context.result(
+        "greedy", kind=CheckKind.EXACT, n=batch, verdict=Verdict.LOSSY if n_bad else Verdict.PASS,
+        statistic=float(n_bad), p_value=0.0 if n_bad else 1.0,
+        min_detectable_tv=exact_check_minimum_detectable_rate(batch, context.power),
+        wall_time_s=time.perf_counter() - began, message=message,
+    )

@@ -1,0 +1,136 @@
+"""Drawing samples from a chain verifier: the audit draws d ~ q, the target verifies."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from losslessness.checks.cases import ChainCase
+from losslessness.protocol import ChainVerifier
+from losslessness.reference.sampling import sample_inverse_cdf
+from losslessness.seeding import derive_seed
+
+BATCH_ELEMENT_BUDGET = 1 << 22
+"""Upper bound on ``B * (2k+1) * V`` per verifier call (32 MiB of float64 inputs), so that a
+call's inputs stay small whatever V is, while small-V cases still get batches of thousands."""
+
+
+class ProtocolViolation(Exception):
+    """The verifier returned something that is not a ``[B, k+1]`` integer array."""
+
+
+@dataclass
+class ChainSamples:
+    """Outputs of ``n_steps`` verification steps for every row type of a case.
+
+    Attributes:
+        case: the case that was sampled.
+        outputs: ``[R, n_steps, k+1]`` int64, as returned by the verifier.
+        drafts: ``[R, n_steps, k]`` int64, the drafts the audit drew (d_i ~ q_i).
+        seed: the seed that reproduces drafts and verifier randomness.
+        wall_time_s: seconds spent, verifier calls included.
+        verifier_time_s: seconds spent inside the verifier.
+        calls: number of verifier calls.
+    """
+
+    case: ChainCase
+    outputs: np.ndarray
+    drafts: np.ndarray
+    seed: int
+    wall_time_s: float
+    verifier_time_s: float
+    calls: int
+
+
+def rows_per_call(case: ChainCase) -> int:
+    """How many copies of each row type one verifier call carries (see BATCH_ELEMENT_BUDGET)."""
+    per_row = case.n_rows * (2 * case.k + 1) * case.vocab_size
+    return max(1, BATCH_ELEMENT_BUDGET // per_row)
+
+
+def coerce_output(value: object, batch: int, k: int) -> np.ndarray:
+    """Turn a verifier's return value into a ``[batch, k+1]`` int64 array.
+
+    Raises:
+        ProtocolViolation: not array-like, wrong shape, or not integer.
+    """
+    try:
+        array = np.asarray(value.cpu() if isinstance(value, torch.Tensor) else value)
+    except Exception as error:  # noqa: BLE001 - any unconvertible return is a protocol violation
+        raise ProtocolViolation(f"output is not array-like: {error}") from error
+    if array.shape != (batch, k + 1):
+        raise ProtocolViolation(
+            f"output has shape {array.shape}, expected [B, k+1] = {(batch, k + 1)}"
+        )
+    if not np.issubdtype(array.dtype, np.integer):
+        raise ProtocolViolation(f"output dtype is {array.dtype}, expected int64 token ids")
+    return array.astype(np.int64, copy=False)
+
+
+def sample_chain(
+    verifier: ChainVerifier,
+    case: ChainCase,
+    n_steps: int,
+    seed: int,
+    progress: Callable[[int], None] | None = None,
+) -> ChainSamples:
+    """Run ``n_steps`` verification steps per row type of ``case``.
+
+    Each call carries every row type, interleaved (row ``b`` has type ``b % R``), with fresh
+    drafts d_i ~ q_i drawn by inverse CDF from a generator seeded with ``seed``; the verifier
+    gets its own generator seeded from ``seed`` too.
+
+    Args:
+        verifier: a chain verifier (the protocol of :mod:`losslessness.protocol`).
+        case: the case to sample.
+        n_steps: verification steps per row type (>= 1).
+        seed: replays the drafts and the verifier's randomness exactly.
+        progress: called with the number of steps done after each call.
+
+    Returns:
+        :class:`ChainSamples`.
+
+    Raises:
+        ProtocolViolation: the verifier returned a malformed output.
+        Exception: whatever the verifier raised, unchanged.
+    """
+    if n_steps < 1:
+        raise ValueError(f"n_steps: must be >= 1, got {n_steps}")
+    rows, k = case.n_rows, case.k
+    draft_generator = torch.Generator().manual_seed(seed)
+    verifier_generator = torch.Generator().manual_seed(derive_seed(seed, "verifier"))
+    chunk = rows_per_call(case)
+    outputs = np.empty((rows, n_steps, k + 1), dtype=np.int64)
+    drafts = np.empty((rows, n_steps, k), dtype=np.int64)
+    start = time.perf_counter()
+    verifier_time = 0.0
+    calls = 0
+    done = 0
+    while done < n_steps:
+        m = min(chunk, n_steps - done)
+        batch = m * rows
+        uniforms = torch.rand((rows, k, m), generator=draft_generator, dtype=torch.float64)
+        draft_ids = torch.empty((m, rows, k), dtype=torch.int64)
+        for r in range(rows):
+            for i in range(k):
+                draft_ids[:, r, i] = sample_inverse_cdf(case.draft_probs[r, i], uniforms[r, i])
+        draft_ids = draft_ids.reshape(batch, k)
+        target = case.target_probs.repeat(m, 1, 1)
+        draft = case.draft_probs.repeat(m, 1, 1)
+        began = time.perf_counter()
+        result = verifier(target, draft, draft_ids, verifier_generator)
+        verifier_time += time.perf_counter() - began
+        calls += 1
+        array = coerce_output(result, batch, k).reshape(m, rows, k + 1)
+        outputs[:, done : done + m] = array.transpose(1, 0, 2)
+        drafts[:, done : done + m] = draft_ids.reshape(m, rows, k).numpy().transpose(1, 0, 2)
+        done += m
+        if progress is not None:
+            progress(m)
+    return ChainSamples(
+        case, outputs, drafts, seed, time.perf_counter() - start, verifier_time, calls
+    )

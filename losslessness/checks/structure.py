@@ -1,0 +1,84 @@
+"""Structure of chain-verifier outputs (exact, every sample; DESIGN.md section 4, item 1).
+
+Every row must: hold ids in [0, V) followed only by -1 placeholders; emit 1..k+1 tokens; and
+emit, before its last token, exactly the drafts at those positions (accepted drafts are kept
+as drafted). Zero-probability tokens are checked by the conditional-law check.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from losslessness.checks.result import CheckContext, CheckKind, CheckResult, Verdict
+from losslessness.checks.sampling import ChainSamples
+from losslessness.protocol import PLACEHOLDER
+from losslessness.stats import exact_check_minimum_detectable_rate
+
+
+def emitted_counts(outputs: np.ndarray) -> np.ndarray:
+    """Number of leading emitted (non-placeholder) tokens in each row.
+
+    Args:
+        outputs: ``[..., k+1]`` int64 verifier outputs.
+
+    Returns:
+        ``[...]`` int64 in ``[0, k+1]``.
+    """
+    return np.cumprod(outputs != PLACEHOLDER, axis=-1).sum(axis=-1)
+
+
+def check_structure(samples: ChainSamples, context: CheckContext) -> CheckResult:
+    """Exact structural check of every output row of ``samples``.
+
+    Args:
+        samples: outputs ``[R, n, k+1]`` and drafts ``[R, n, k]``.
+        context: the case's context.
+
+    Returns:
+        One exact :class:`CheckResult`: LOSSY with the first offending row when any row
+        violates the structure, else PASS.
+    """
+    began = time.perf_counter()
+    outputs, drafts = samples.outputs, samples.drafts
+    vocab = samples.case.vocab_size
+    k = samples.case.k
+    counts = emitted_counts(outputs)
+    positions = np.arange(k + 1)
+    emitted = positions < counts[..., None]
+    bad_id = emitted & ((outputs < 0) | (outputs >= vocab))
+    bad_tail = ~emitted & (outputs != PLACEHOLDER)
+    kept = positions[:k] < (counts[..., None] - 1)
+    bad_draft = kept & (outputs[..., :k] != drafts)
+    problems = {
+        "token id outside [0, V)": bad_id.any(axis=-1),
+        "token after a placeholder -1": bad_tail.any(axis=-1),
+        "no token emitted": counts == 0,
+        "accepted token differs from the draft": bad_draft.any(axis=-1),
+    }
+    violating = np.zeros(counts.shape, dtype=bool)
+    for mask in problems.values():
+        violating |= mask
+    n = int(counts.size)
+    n_bad = int(violating.sum())
+    message = "every row: ids in range, left-aligned, 1..k+1 tokens, accepted prefix == drafts"
+    if n_bad:
+        kinds = [f"{name} ({int(mask.sum())} rows)" for name, mask in problems.items() if mask.any()]
+        r, step = (int(x) for x in np.argwhere(violating)[0])
+        message = (
+            f"{n_bad} of {n} rows malformed: {'; '.join(kinds)}. First: row type {r}, step "
+            f"{step}, drafts {drafts[r, step].tolist()} -> output {outputs[r, step].tolist()}"
+        )
+    return context.result(
+        "structure",
+        kind=CheckKind.EXACT,
+        n=n,
+        statistic=float(n_bad),
+        p_value=0.0 if n_bad else 1.0,
+        verdict=Verdict.LOSSY if n_bad else Verdict.PASS,
+        min_detectable_tv=exact_check_minimum_detectable_rate(n, context.power),
+        wall_time_s=time.perf_counter() - began,
+        message=message,
+        details={"violations": {name: int(mask.sum()) for name, mask in problems.items()}},
+    )

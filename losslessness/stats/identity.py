@@ -1,0 +1,342 @@
+"""Identity test: do observed token counts follow a known distribution p?
+
+Contract (in the manner of TFP's ``statistical_testing``):
+
+- **Correct code fails rarely.** If the counts are a multinomial sample from ``p``, the
+  chi-square part of :func:`identity_test` gives ``pvalue <= alpha`` with probability about
+  ``alpha``; the pooling floor :data:`EXPECTED_COUNT_FLOOR` was chosen by simulation so that this
+  holds down to the small per-assertion levels we use (table at the constant). The exact part
+  (observations on cells with ``p == 0``) never fires on correct code.
+- **Code that misbehaves by more than the minimum detectable TV fails with the stated power.**
+  :func:`losslessness.stats.power.identity_minimum_detectable_tv` gives that TV for a given ``n``
+  and :func:`losslessness.stats.power.plan_identity_test` the ``n`` for a given TV; both see the
+  same pooled partition as this test (:func:`pooling_partition`).
+- **Nothing is claimed below it.** A deviation smaller than the minimum detectable TV, or hidden
+  inside the pooled cell, may pass.
+
+Shapes: ``counts`` and ``probs`` are ``[V]``; ``V`` is the vocabulary (number of cells).
+
+References:
+    Cressie, N. and Read, T. R. C. (1984). Multinomial goodness-of-fit tests. JRSS B 46(3),
+    440-464 (the power-divergence family; lambda = 2/3 is best calibrated in the tails).
+    Paninski, L. (2008). A coincidence-based test for uniformity given very sparsely sampled
+    discrete data. IEEE Trans. Inf. Theory 54(10) (identity testing needs
+    Theta(sqrt(V) / eps^2) samples; below that no test, this one included, has power).
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.stats
+from numpy.typing import ArrayLike, NDArray
+
+__all__ = [
+    "EXPECTED_COUNT_FLOOR",
+    "PROBS_SUM_TOLERANCE",
+    "IdentityTestResult",
+    "identity_test",
+    "pooling_partition",
+]
+
+PROBS_SUM_TOLERANCE = 1e-6
+"""Largest accepted ``|sum(probs) - 1|`` after conversion to float64."""
+
+MAX_REPORTED_ZERO_MASS_TOKENS = 10
+"""How many offending zero-probability cells :class:`IdentityTestResult` lists."""
+
+# Measured by benchmarks/calibrate_expected_floor.py (filled in from the measured table).
+EXPECTED_COUNT_FLOOR: float = 5.0
+"""Default pooling floor: cells whose expected count ``n * p`` is below it are pooled."""
+
+
+@dataclass(frozen=True)
+class IdentityTestResult:
+    """Outcome of :func:`identity_test`.
+
+    Attributes:
+        statistic: Cressie-Read (lambda = 2/3) power divergence over the pooled cells; ``0.0``
+            when ``df == 0``.
+        pvalue: upper tail of chi-square(``df``) at ``statistic``; ``1.0`` when ``df == 0``.
+            It does *not* include the exact zero-mass part: check ``zero_mass_count`` too.
+        df: degrees of freedom, ``n_cells - 1`` (``>= 0``).
+        n: total count, zero-probability cells included.
+        n_cells: number of cells after pooling (cells with ``p > 0`` only).
+        pooled_cells: how many positive-probability cells were merged into the pooled cell
+            (``0`` if none).
+        pooled_mass: total null probability of the merged cells (``0.0`` if none).
+        expected_floor: the pooling floor used, in expected counts.
+        zero_mass_count: observations on cells whose null probability is exactly 0; any
+            positive value proves ``counts`` did not come from ``probs`` (the exact part).
+        zero_mass_tokens: ascending indices of up to 10 such offending cells.
+    """
+
+    statistic: float
+    pvalue: float
+    df: int
+    n: int
+    n_cells: int
+    pooled_cells: int
+    pooled_mass: float
+    expected_floor: float
+    zero_mass_count: int
+    zero_mass_tokens: tuple[int, ...]
+
+
+def _check_nonnegative_int(value: object, name: str) -> int:
+    """Return ``value`` as a Python int; ValueError naming ``name`` unless it is an int >= 0."""
+    # bool is an int subclass; a True sample size is almost surely a bug.
+    if isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{name}: must be a non-negative integer, got a bool")
+    if not isinstance(value, (int, np.integer)):
+        raise ValueError(
+            f"{name}: must be a non-negative integer, got {type(value).__name__} {value!r}"
+        )
+    result = operator.index(value)
+    if result < 0:
+        raise ValueError(f"{name}: must be a non-negative integer, got {result}")
+    return int(result)
+
+
+def _check_open_unit_interval(value: object, name: str) -> float:
+    """Return ``value`` as a float; ValueError naming ``name`` unless it lies in (0, 1)."""
+    result = _check_real(value, name)
+    if not 0.0 < result < 1.0:
+        raise ValueError(f"{name}: must lie in the open interval (0, 1), got {result!r}")
+    return result
+
+
+def _check_real(value: object, name: str) -> float:
+    """Return ``value`` as a finite float; ValueError naming ``name`` otherwise."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)):
+        raise ValueError(f"{name}: must be a real number, got {type(value).__name__}")
+    result = float(value)
+    if not math.isfinite(result):
+        raise ValueError(f"{name}: must be finite, got {result!r}")
+    return result
+
+
+def _check_expected_floor(value: object) -> float:
+    result = _check_real(value, "expected_floor")
+    if result < 0.0:
+        raise ValueError(f"expected_floor: must be >= 0, got {result!r}")
+    return result
+
+
+def as_probs(probs: ArrayLike, name: str = "probs") -> NDArray[np.float64]:
+    """Validate a probability vector and return it as float64, renormalised to sum to 1.
+
+    Args:
+        probs: ``[V]`` real, ``V >= 1``, non-negative, no NaN, summing to 1 within
+            :data:`PROBS_SUM_TOLERANCE` after conversion to float64.
+        name: the argument's name, used in error messages.
+
+    Returns:
+        ``[V]`` float64, a fresh array summing to 1 (exact zeros stay exact zeros).
+
+    Raises:
+        ValueError: message starts with ``name`` and says which condition failed.
+    """
+    array = np.asarray(probs)
+    if array.dtype.kind not in "iuf":
+        raise ValueError(f"{name}: must be a real array, got dtype {array.dtype}")
+    array = array.astype(np.float64)
+    if array.ndim != 1:
+        raise ValueError(f"{name}: must have shape [V], got shape {array.shape}")
+    if array.size == 0:
+        raise ValueError(f"{name}: must not be empty")
+    if np.isnan(array).any():
+        raise ValueError(f"{name}: contains NaN")
+    if np.isinf(array).any():
+        raise ValueError(f"{name}: contains inf")
+    if (array < 0).any():
+        raise ValueError(f"{name}: contains negative entries (min {array.min()!r})")
+    total = float(array.sum())
+    if abs(total - 1.0) > PROBS_SUM_TOLERANCE:
+        raise ValueError(
+            f"{name}: must sum to 1 within {PROBS_SUM_TOLERANCE:g}, sums to {total!r}"
+        )
+    return array / total
+
+
+def as_counts(counts: ArrayLike, name: str = "counts") -> NDArray[np.int64]:
+    """Validate a count vector and return it as int64.
+
+    Args:
+        counts: ``[V]`` non-negative integers; integer-valued floats are accepted.
+        name: the argument's name, used in error messages.
+
+    Returns:
+        ``[V]`` int64.
+
+    Raises:
+        ValueError: message starts with ``name`` and says which condition failed.
+    """
+    array = np.asarray(counts)
+    if array.dtype.kind not in "iuf":
+        raise ValueError(f"{name}: must be non-negative integers, got dtype {array.dtype}")
+    if array.ndim != 1:
+        raise ValueError(f"{name}: must have shape [V], got shape {array.shape}")
+    if array.size == 0:
+        raise ValueError(f"{name}: must not be empty")
+    if array.dtype.kind == "f":
+        if np.isnan(array).any():
+            raise ValueError(f"{name}: contains NaN")
+        if not np.isfinite(array).all():
+            raise ValueError(f"{name}: contains inf")
+    if (array < 0).any():
+        raise ValueError(f"{name}: must be non-negative integers, min is {array.min()!r}")
+    if array.dtype.kind == "f" and (array != np.floor(array)).any():
+        raise ValueError(f"{name}: must be non-negative integers, got non-integer values")
+    return array.astype(np.int64)
+
+
+def pooling_partition(
+    probs: ArrayLike, n: int, expected_floor: float = EXPECTED_COUNT_FLOOR
+) -> tuple[NDArray[np.bool_], int, float]:
+    """The cell partition the identity test uses at sample size ``n``: which cells are pooled.
+
+    Pooling rule (the single implementation; :func:`identity_test` and the power functions in
+    :mod:`losslessness.stats.power` both call it):
+
+    1. Cells with ``probs == 0`` take no part: they are checked exactly, not by the chi-square.
+    2. Every positive cell with expected count ``n * p < expected_floor`` is merged into one
+       pooled cell.
+    3. If the pooled cell's expected count is still below the floor and unpooled positive cells
+       remain, the smallest remaining cells (ties: lowest index) are merged into it until it
+       reaches the floor or nothing else remains. Each remaining cell has expected count
+       ``>= expected_floor`` on its own, so at most one is ever needed.
+
+    The partition has ``n_cells = (#unpooled positive cells) + (1 if any pooled)`` cells and
+    ``df = n_cells - 1`` degrees of freedom. With ``n == 0`` every positive cell is pooled
+    (``df == 0``): nothing is tested.
+
+    Args:
+        probs: ``[V]`` probabilities (validated as in :func:`identity_test`).
+        n: sample size, an integer ``>= 0``.
+        expected_floor: pooling floor in expected counts, ``>= 0``.
+
+    Returns:
+        ``(pooled, df, pooled_mass)``: ``pooled`` is a ``[V]`` bool mask of the merged cells
+        (never true on a zero-probability cell), ``df`` an int ``>= 0`` and ``pooled_mass`` the
+        total probability of the merged cells as a float (``0.0`` when nothing is pooled).
+
+    Raises:
+        ValueError: on invalid ``probs``, ``n`` or ``expected_floor`` (message names it).
+    """
+    p = as_probs(probs)
+    size = _check_nonnegative_int(n, "n")
+    return _pooling_partition(p, size, _check_expected_floor(expected_floor))
+
+
+def _pooling_partition(
+    p: NDArray[np.float64], n: int, floor: float
+) -> tuple[NDArray[np.bool_], int, float]:
+    """:func:`pooling_partition` on already validated arguments."""
+    positive = p > 0
+    expected = n * p
+    pooled = positive & (expected < floor)
+    if pooled.any():
+        remaining = positive & ~pooled
+        if float(expected[pooled].sum()) < floor and remaining.any():
+            # Every remaining cell alone reaches the floor, so adding the smallest one suffices.
+            candidates = np.flatnonzero(remaining)
+            pooled[candidates[np.argmin(expected[candidates])]] = True
+    n_pooled = int(pooled.sum())
+    n_cells = int(positive.sum()) - n_pooled + (1 if n_pooled else 0)
+    pooled_mass = float(p[pooled].sum()) if n_pooled else 0.0
+    return pooled, n_cells - 1, pooled_mass
+
+
+def identity_test(
+    counts: ArrayLike, probs: ArrayLike, *, expected_floor: float = EXPECTED_COUNT_FLOOR
+) -> IdentityTestResult:
+    """Test whether ``counts`` is a multinomial sample from ``probs``.
+
+    Two parts, reported separately:
+
+    - **exact**: any observation on a cell with ``probs == 0`` is impossible under the null;
+      their number is ``zero_mass_count`` and the first offending cells ``zero_mass_tokens``.
+    - **chi-square**: over the positive cells, pooled by :func:`pooling_partition` at the number
+      of observations on positive cells, the Cressie-Read lambda = 2/3 power-divergence
+      statistic (computed by ``scipy.stats.power_divergence(lambda_="cressie-read")``, expected
+      counts rescaled to the observed total over positive cells), referred to chi-square(df).
+
+    A caller rejects at level ``alpha`` when ``zero_mass_count > 0`` or ``pvalue <= alpha``; the
+    exact part adds no false alarms, so the level is that of the chi-square part.
+
+    Args:
+        counts: ``[V]`` non-negative integers (any integer dtype, or integer-valued floats).
+        probs: ``[V]`` null probabilities, float, summing to 1 within 1e-6 after float64
+            conversion; renormalised internally.
+        expected_floor: pooling floor in expected counts (default
+            :data:`EXPECTED_COUNT_FLOOR`, chosen by simulation).
+
+    Returns:
+        :class:`IdentityTestResult`. With no observations on positive cells, or a single cell
+        after pooling, ``df == 0``, ``statistic == 0.0`` and ``pvalue == 1.0``.
+
+    Raises:
+        ValueError: naming ``counts``, ``probs`` or ``expected_floor``: wrong shape, empty, NaN,
+            negative, non-integer counts, probabilities not summing to 1, or a length mismatch.
+
+    Notes:
+        Cressie & Read (1984) for the statistic and its chi-square limit; the limit is poor when
+        expected counts are small, hence the pooling floor.
+    """
+    observed = as_counts(counts)
+    p = as_probs(probs)
+    if observed.shape != p.shape:
+        raise ValueError(
+            f"counts: length {observed.shape[0]} does not match probs length {p.shape[0]}"
+        )
+    floor = _check_expected_floor(expected_floor)
+
+    zero = p == 0
+    offending = np.flatnonzero(zero & (observed > 0))
+    zero_mass_count = int(observed[zero].sum())
+    zero_mass_tokens = tuple(int(i) for i in offending[:MAX_REPORTED_ZERO_MASS_TOKENS])
+    n = int(observed.sum())
+    # The chi-square compares the law on positive cells; impossible observations are the exact
+    # part's business, so the expected counts are scaled to what landed on positive cells.
+    n_positive = n - zero_mass_count
+
+    pooled, df, pooled_mass = _pooling_partition(p, n_positive, floor)
+    n_pooled = int(pooled.sum())
+    if df == 0:
+        return IdentityTestResult(
+            statistic=0.0,
+            pvalue=1.0,
+            df=0,
+            n=n,
+            n_cells=1,
+            pooled_cells=n_pooled,
+            pooled_mass=pooled_mass,
+            expected_floor=floor,
+            zero_mass_count=zero_mass_count,
+            zero_mass_tokens=zero_mass_tokens,
+        )
+
+    kept = (p > 0) & ~pooled
+    cell_obs = observed[kept].astype(np.float64)
+    cell_probs = p[kept]
+    if n_pooled:
+        cell_obs = np.append(cell_obs, float(observed[pooled].sum()))
+        cell_probs = np.append(cell_probs, pooled_mass)
+    cell_exp = cell_probs * (n_positive / float(cell_probs.sum()))
+    result = scipy.stats.power_divergence(cell_obs, cell_exp, lambda_="cressie-read")
+    return IdentityTestResult(
+        statistic=float(result.statistic),
+        pvalue=float(result.pvalue),
+        df=df,
+        n=n,
+        n_cells=df + 1,
+        pooled_cells=n_pooled,
+        pooled_mass=pooled_mass,
+        expected_floor=floor,
+        zero_mass_count=zero_mass_count,
+        zero_mass_tokens=zero_mass_tokens,
+    )

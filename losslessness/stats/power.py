@@ -1,0 +1,482 @@
+"""Power and sample size: the smallest discrepancy each test detects at n, and the n it needs.
+
+Contract (in the manner of TFP's ``statistical_testing``): every test in :mod:`losslessness.stats`
+comes as a triple -- the assertion, the smallest discrepancy it detects at ``n`` with power
+``power`` at level ``alpha``, and the ``n`` it needs for a given discrepancy:
+
+- chi-square(df) test: :func:`chi_square_power`, :func:`minimum_detectable_tv`,
+  :func:`chi_square_sample_size`;
+- :func:`~losslessness.stats.identity.identity_test`: :func:`identity_minimum_detectable_tv`,
+  :func:`plan_identity_test`;
+- :func:`~losslessness.stats.binomial.acceptance_rate_test`:
+  :func:`binomial_minimum_detectable_shift`;
+- an exact "never happens" check (zero-mass tokens, structure): its false-alarm rate is 0 and
+  :func:`exact_check_minimum_detectable_rate` gives the violation rate it catches.
+
+Discrepancies are total-variation (TV) distances, in probability units. Deviations larger than
+the minimum detectable TV are caught with at least the stated power; nothing is claimed below it.
+
+Chi-square power uses the noncentral chi-square approximation (Cohen 1988, ch. 7): under an
+alternative q the statistic is approximately noncentral chi-square(df) with noncentrality
+``n * w**2``, ``w**2 = sum((q - p)**2 / p)`` (Cohen's effect size w). By Cauchy-Schwarz,
+``2 TV = sum |q - p| = sum (|q - p| / sqrt(p)) sqrt(p) <= w``, so ``w = 2 * tv`` is the
+*least* detectable effect among all alternatives at TV ``tv`` and bounds their power from below
+(asymptotically; the equality case spreads the change in proportion to p).
+
+References:
+    Cohen, J. (1988). Statistical Power Analysis for the Behavioral Sciences, 2nd ed., ch. 7
+    (effect size w, noncentral chi-square power).
+    Cressie, N. and Read, T. R. C. (1984). Multinomial goodness-of-fit tests. JRSS B 46(3).
+    Paninski, L. (2008). A coincidence-based test for uniformity given very sparsely sampled
+    discrete data. IEEE Trans. Inf. Theory 54(10) (sqrt(V) / eps^2 samples are necessary).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.optimize
+import scipy.stats
+from numpy.typing import ArrayLike, NDArray
+
+from losslessness.stats.binomial import _check_rate, acceptance_rate_test
+from losslessness.stats.identity import (
+    EXPECTED_COUNT_FLOOR,
+    _check_expected_floor,
+    _check_nonnegative_int,
+    _check_open_unit_interval,
+    _check_real,
+    _pooling_partition,
+    as_probs,
+)
+
+__all__ = [
+    "IdentityPlan",
+    "binomial_minimum_detectable_shift",
+    "chi_square_power",
+    "chi_square_sample_size",
+    "exact_check_minimum_detectable_rate",
+    "identity_minimum_detectable_tv",
+    "minimum_detectable_tv",
+    "plan_identity_test",
+]
+
+_MAX_SEARCH_N = 2**60
+"""Upper end of :func:`plan_identity_test`'s search when no ``max_n`` is given."""
+
+
+def _check_tv(value: object, name: str = "tv") -> float:
+    tv = _check_real(value, name)
+    if not 0.0 < tv <= 1.0:
+        raise ValueError(f"{name}: must lie in (0, 1], got {tv!r}")
+    return tv
+
+
+@functools.lru_cache(maxsize=4096)
+def _noncentrality(df: int, alpha: float, power: float) -> float:
+    """Noncentrality lambda at which the level-``alpha`` chi-square(df) test has ``power``.
+
+    Cached: :func:`plan_identity_test` asks for the same (df, alpha, power) many times.
+    """
+    critical = float(scipy.stats.chi2.isf(alpha, df))
+
+    def shortfall(lam: float) -> float:
+        return float(scipy.stats.ncx2.sf(critical, df, lam)) - power
+
+    if shortfall(0.0) >= 0.0:
+        # power <= alpha: the test already has it under the null.
+        return 0.0
+    high = 1.0
+    while shortfall(high) < 0.0:
+        high *= 2.0
+    return float(scipy.optimize.brentq(shortfall, 0.0, high, xtol=1e-12, rtol=1e-12))
+
+
+def chi_square_power(n: int, tv: float, df: int, alpha: float) -> float:
+    """Power of the level-``alpha`` chi-square(``df``) test against alternatives at TV ``tv``.
+
+    ``P(ncx2(df, n * w**2) > chi2.isf(alpha, df))`` with ``w = 2 * tv``: a lower bound, up to the
+    asymptotic approximation, on the power against *every* alternative at TV ``>= tv`` (see the
+    module docstring: ``w >= 2 TV`` by Cauchy-Schwarz).
+
+    Args:
+        n: sample size, integer ``>= 0``.
+        tv: total-variation distance, in (0, 1].
+        df: degrees of freedom, integer ``>= 0``.
+        alpha: significance level, in (0, 1).
+
+    Returns:
+        Power as a float in [0, 1]; ``0.0`` when ``df == 0`` (nothing is testable), ``alpha``
+        when ``n == 0``.
+
+    Raises:
+        ValueError: naming the argument that is out of range or of the wrong type.
+
+    Notes:
+        Cohen (1988), ch. 7; ``scipy.stats.chi2`` and ``scipy.stats.ncx2``.
+    """
+    size = _check_nonnegative_int(n, "n")
+    distance = _check_tv(tv)
+    dof = _check_nonnegative_int(df, "df")
+    level = _check_open_unit_interval(alpha, "alpha")
+    if dof == 0:
+        return 0.0
+    critical = float(scipy.stats.chi2.isf(level, dof))
+    return float(scipy.stats.ncx2.sf(critical, dof, size * (2.0 * distance) ** 2))
+
+
+def minimum_detectable_tv(n: int, df: int, alpha: float, power: float) -> float:
+    """Smallest TV that the level-``alpha`` chi-square(``df``) test detects with ``power`` at ``n``.
+
+    Solves ``ncx2.sf(chi2.isf(alpha, df), df, lam) = power`` for the noncentrality ``lam``
+    (``scipy.optimize.brentq``), then ``tv = sqrt(lam / n) / 2`` (``w = 2 tv``). Inverse of
+    :func:`chi_square_power` in ``tv``.
+
+    Args:
+        n: sample size, integer ``>= 0``.
+        df: degrees of freedom, integer ``>= 0``.
+        alpha: significance level, in (0, 1).
+        power: required power, in (0, 1).
+
+    Returns:
+        TV as a float. ``math.inf`` when ``n == 0`` or ``df == 0``. It may exceed 1 (no
+        alternative is detected reliably at this ``n``); it is returned as is so callers can
+        show it. ``0.0`` when ``power <= alpha``.
+
+    Raises:
+        ValueError: naming the argument that is out of range or of the wrong type.
+
+    Notes:
+        Cohen (1988), ch. 7.
+    """
+    size = _check_nonnegative_int(n, "n")
+    dof = _check_nonnegative_int(df, "df")
+    level = _check_open_unit_interval(alpha, "alpha")
+    target = _check_open_unit_interval(power, "power")
+    if size == 0 or dof == 0:
+        return math.inf
+    return math.sqrt(_noncentrality(dof, level, target) / size) / 2.0
+
+
+def chi_square_sample_size(tv: float, df: int, alpha: float, power: float) -> int:
+    """Smallest ``n`` with ``chi_square_power(n, tv, df, alpha) >= power``.
+
+    Args:
+        tv: total-variation distance to detect, in (0, 1].
+        df: degrees of freedom, integer ``>= 1``.
+        alpha: significance level, in (0, 1).
+        power: required power, in (0, 1).
+
+    Returns:
+        Sample size as an int (``0`` when ``power <= alpha``).
+
+    Raises:
+        ValueError: naming the argument that is out of range; ``df == 0`` is an error because
+            no sample size gives any power.
+
+    Notes:
+        Cohen (1988), ch. 7.
+    """
+    distance = _check_tv(tv)
+    dof = _check_nonnegative_int(df, "df")
+    if dof == 0:
+        raise ValueError("df: must be >= 1; a one-cell test has no power at any n")
+    level = _check_open_unit_interval(alpha, "alpha")
+    target = _check_open_unit_interval(power, "power")
+    lam = _noncentrality(dof, level, target)
+    n = math.ceil(lam / (2.0 * distance) ** 2)
+    # The root is found to ~1e-12; step by one where rounding put n one off the true boundary.
+    while n > 0 and chi_square_power(n - 1, distance, dof, level) >= target:
+        n -= 1
+    while chi_square_power(n, distance, dof, level) < target:
+        n += 1
+    return n
+
+
+def exact_check_minimum_detectable_rate(n: int, power: float) -> float:
+    """Smallest per-sample violation rate an exact "never happens" check catches with ``power``.
+
+    The check fails on any single occurrence, so it detects a violation rate ``r`` with
+    probability ``1 - (1 - r)**n``; the smallest ``r`` reaching ``power`` is
+    ``1 - (1 - power)**(1 / n)``. Its false-alarm rate is 0.
+
+    Args:
+        n: number of independent samples, integer ``>= 0``.
+        power: required detection probability, in (0, 1).
+
+    Returns:
+        Rate in probability units as a float; ``math.inf`` when ``n == 0``.
+
+    Raises:
+        ValueError: naming ``n`` or ``power``.
+    """
+    size = _check_nonnegative_int(n, "n")
+    target = _check_open_unit_interval(power, "power")
+    if size == 0:
+        return math.inf
+    # expm1/log1p keep precision when the rate is tiny (large n).
+    return -math.expm1(math.log1p(-target) / size)
+
+
+@dataclass(frozen=True)
+class IdentityPlan:
+    """Sizing of :func:`identity_test` for one ``probs``: the n, its partition and its bound.
+
+    Attributes:
+        n: sample size.
+        df: degrees of freedom after pooling at ``n``.
+        pooled_mass: null probability of the pooled cell at ``n`` (``0.0`` if none).
+        minimum_detectable_tv: honest bound at ``n``: every alternative at TV at least this is
+            detected with the requested power; ``minimum_detectable_tv(n, df, alpha, power) +
+            pooled_mass`` (``math.inf`` when nothing is testable).
+        capped: True when ``max_n`` stopped :func:`plan_identity_test` before the target TV was
+            reached (then ``n == max_n`` and the bound is above the target).
+    """
+
+    n: int
+    df: int
+    pooled_mass: float
+    minimum_detectable_tv: float
+    capped: bool
+
+
+def _identity_plan(
+    p: NDArray[np.float64], n: int, alpha: float, power: float, floor: float
+) -> IdentityPlan:
+    """:func:`identity_minimum_detectable_tv` on already validated arguments."""
+    if int(np.count_nonzero(p)) == 1:
+        # One support cell: any mass elsewhere lands on a p == 0 cell, which the exact part
+        # catches; TV(p, q) equals that mass, so the exact check's rate is the bound.
+        return IdentityPlan(
+            n=n,
+            df=0,
+            pooled_mass=0.0,
+            minimum_detectable_tv=exact_check_minimum_detectable_rate(n, power),
+            capped=False,
+        )
+    _, df, pooled_mass = _pooling_partition(p, n, floor)
+    bound = minimum_detectable_tv(n, df, alpha, power) + pooled_mass
+    return IdentityPlan(
+        n=n, df=df, pooled_mass=pooled_mass, minimum_detectable_tv=bound, capped=False
+    )
+
+
+def identity_minimum_detectable_tv(
+    probs: ArrayLike,
+    n: int,
+    alpha: float,
+    power: float,
+    expected_floor: float = EXPECTED_COUNT_FLOOR,
+) -> IdentityPlan:
+    """Honest minimum detectable TV of :func:`identity_test` against ``probs`` at ``n``.
+
+    The chi-square only sees the pooled partition (:func:`pooling_partition` at ``n``), so the
+    bound adds the pooled cell's null mass ``P(pool)`` to the chi-square's own minimum detectable
+    TV on the partition. Why that is enough: for any alternative ``Q``, split
+    ``2 TV(P, Q) = sum_unpooled |P_i - Q_i| + sum_pool |P_j - Q_j|``; within the pool
+    ``sum_pool |P_j - Q_j| <= P(pool) + Q(pool) <= 2 P(pool) + |Q(pool) - P(pool)|``, hence
+    ``TV(P, Q) <= TV_partition(P, Q) + P(pool)``. So ``TV(P, Q) >= mdtv_partition + P(pool)``
+    forces ``TV_partition >= mdtv_partition``, which the chi-square detects with ``power``.
+
+    One-cell partitions (``df == 0``) detect nothing by the chi-square: the bound is
+    ``math.inf``. The exception is ``probs`` with exactly one positive cell (one-hot): any mass
+    off that cell is a zero-mass violation caught by the exact part, and ``TV(p, q)`` equals that
+    mass, so the bound is :func:`exact_check_minimum_detectable_rate` ``(n, power)`` (reported
+    with ``df == 0`` and ``pooled_mass == 0.0``).
+
+    The bound covers alternatives supported where ``probs > 0``. Mass ``z`` that an alternative
+    puts on zero-probability cells is caught by the exact part with probability
+    ``1 - (1 - z)**n``; a bound covering both parts adds
+    :func:`exact_check_minimum_detectable_rate` (the chi-square then sees ``TV >= tv - z``).
+
+    Args:
+        probs: ``[V]`` null probabilities (validated as in :func:`identity_test`).
+        n: sample size, integer ``>= 0``.
+        alpha: significance level of the chi-square part, in (0, 1).
+        power: required power, in (0, 1).
+        expected_floor: pooling floor, as in :func:`identity_test`.
+
+    Returns:
+        :class:`IdentityPlan` at ``n`` with ``capped=False``.
+
+    Raises:
+        ValueError: naming the invalid argument.
+    """
+    p = as_probs(probs)
+    size = _check_nonnegative_int(n, "n")
+    level = _check_open_unit_interval(alpha, "alpha")
+    target = _check_open_unit_interval(power, "power")
+    floor = _check_expected_floor(expected_floor)
+    return _identity_plan(p, size, level, target, floor)
+
+
+def plan_identity_test(
+    probs: ArrayLike,
+    tv: float,
+    alpha: float,
+    power: float,
+    expected_floor: float = EXPECTED_COUNT_FLOOR,
+    max_n: int | None = None,
+) -> IdentityPlan:
+    """Smallest ``n`` at which :func:`identity_test` detects every alternative at TV ``>= tv``.
+
+    Search: evaluate the honest bound (:func:`identity_minimum_detectable_tv`) at ``n = 1, 2,
+    4, ...`` until it is ``<= tv``, then bisect on integers between the last failing and the
+    first passing ``n``. The bound is not exactly monotone in ``n`` (cells leave the pool as
+    ``n`` grows, which changes ``df``), so the result is the smallest ``n`` *evaluated* whose
+    bound is ``<= tv``: ``n - 1`` always fails, but some smaller unevaluated ``n`` might pass.
+
+    Args:
+        probs: ``[V]`` null probabilities (validated as in :func:`identity_test`).
+        tv: TV distance to detect, in (0, 1].
+        alpha: significance level of the chi-square part, in (0, 1).
+        power: required power, in (0, 1).
+        expected_floor: pooling floor, as in :func:`identity_test`.
+        max_n: optional cap on ``n`` (integer ``>= 1``). If the bound at ``max_n`` is still
+            above ``tv`` the search stops and returns the plan at ``max_n`` with
+            ``capped=True``.
+
+    Returns:
+        :class:`IdentityPlan` with ``minimum_detectable_tv <= tv`` unless ``capped``.
+
+    Raises:
+        ValueError: naming the invalid argument, or ``tv`` when no ``n`` up to 2**60 reaches it
+            (only possible without ``max_n``).
+    """
+    p = as_probs(probs)
+    distance = _check_tv(tv)
+    level = _check_open_unit_interval(alpha, "alpha")
+    target = _check_open_unit_interval(power, "power")
+    floor = _check_expected_floor(expected_floor)
+    limit = _MAX_SEARCH_N
+    if max_n is not None:
+        limit = _check_nonnegative_int(max_n, "max_n")
+        if limit < 1:
+            raise ValueError("max_n: must be >= 1")
+
+    def plan(n: int) -> IdentityPlan:
+        return _identity_plan(p, n, level, target, floor)
+
+    failing = 0  # n = 0 never detects anything
+    passing = 1
+    best = plan(passing)
+    while best.minimum_detectable_tv > distance:
+        if passing >= limit:
+            if max_n is None:
+                raise ValueError(f"tv: {distance!r} is not reached by any n up to {limit}")
+            return IdentityPlan(
+                n=best.n,
+                df=best.df,
+                pooled_mass=best.pooled_mass,
+                minimum_detectable_tv=best.minimum_detectable_tv,
+                capped=True,
+            )
+        failing = passing
+        passing = min(2 * passing, limit)
+        best = plan(passing)
+    while passing - failing > 1:
+        middle = (failing + passing) // 2
+        candidate = plan(middle)
+        if candidate.minimum_detectable_tv <= distance:
+            passing, best = middle, candidate
+        else:
+            failing = middle
+    return best
+
+
+def _binomial_rejection_region(n: int, rate: float, alpha: float) -> tuple[int | None, int | None]:
+    """Tails ``{k <= low} | {k >= high}`` where ``acceptance_rate_test`` rejects at ``alpha``.
+
+    Found by binary search on the test's own p-values (scipy's binomtest, "minlike" ordering),
+    which are monotone on each side of ``n * rate``. ``None`` marks an empty tail.
+    """
+
+    def rejects(k: int) -> bool:
+        return acceptance_rate_test(k, n, rate).pvalue <= alpha
+
+    low: int | None = None
+    top = math.ceil(n * rate) - 1  # largest k < n * rate
+    if top >= 0 and rejects(0):
+        lo, hi = 0, top  # invariant: rejects(lo)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if rejects(mid):
+                lo = mid
+            else:
+                hi = mid - 1
+        low = lo
+    high: int | None = None
+    bottom = math.floor(n * rate) + 1  # smallest k > n * rate
+    if bottom <= n and rejects(n):
+        lo, hi = bottom, n  # invariant: rejects(hi)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if rejects(mid):
+                hi = mid
+            else:
+                lo = mid + 1
+        high = hi
+    return low, high
+
+
+def binomial_minimum_detectable_shift(n: int, rate: float, alpha: float, power: float) -> float:
+    """Smallest rate shift the exact two-sided binomial test detects with ``power`` at ``n``.
+
+    The rejection region is that of :func:`acceptance_rate_test` (``scipy.stats.binomtest``,
+    two-sided, likelihood "minlike" ordering), found exactly by binary search on its p-values;
+    the power at a shifted rate ``rate + delta`` is ``P(K in region)`` under
+    ``scipy.stats.binom(n, rate + delta)``, and ``delta`` is solved with
+    ``scipy.optimize.brentq``. Both directions that stay inside [0, 1] are solved and the worse
+    (larger) shift is returned. The shift equals the TV between Bernoulli(rate) and
+    Bernoulli(rate + delta). Exact, no normal approximation; about 10 ms at ``n = 1e6``.
+
+    Args:
+        n: number of trials, integer ``>= 0``.
+        rate: null success probability, in [0, 1].
+        alpha: significance level, in (0, 1).
+        power: required power, in (0, 1).
+
+    Returns:
+        ``|delta|`` in probability units as a float. ``math.inf`` when ``n == 0`` or when some
+        direction with room cannot reach ``power`` even at the boundary (e.g. rate 0.999 at
+        n = 100: not even a true rate of 1 is detected). ``0.0`` when ``power`` does not exceed
+        the test's size. At rate 0 (or 1) only one direction exists and the result equals
+        :func:`exact_check_minimum_detectable_rate`.
+
+    Raises:
+        ValueError: naming the invalid argument.
+    """
+    trials = _check_nonnegative_int(n, "n")
+    null_rate = _check_rate(rate, "rate")
+    level = _check_open_unit_interval(alpha, "alpha")
+    target = _check_open_unit_interval(power, "power")
+    if trials == 0:
+        return math.inf
+    low, high = _binomial_rejection_region(trials, null_rate, level)
+
+    def detection(true_rate: float) -> float:
+        probability = 0.0
+        if low is not None:
+            probability += float(scipy.stats.binom.cdf(low, trials, true_rate))
+        if high is not None:
+            probability += float(scipy.stats.binom.sf(high - 1, trials, true_rate))
+        return probability
+
+    worst = 0.0
+    for sign, room in ((1.0, 1.0 - null_rate), (-1.0, null_rate)):
+        if room <= 0.0:
+            continue
+
+        def shortfall(delta: float, sign: float = sign) -> float:
+            return detection(min(max(null_rate + sign * delta, 0.0), 1.0)) - target
+
+        if shortfall(room) < 0.0:
+            return math.inf
+        if shortfall(0.0) >= 0.0:
+            continue
+        delta = float(scipy.optimize.brentq(shortfall, 0.0, room, xtol=1e-12, rtol=1e-10))
+        worst = max(worst, delta)
+    return worst

@@ -1,0 +1,86 @@
+"""JSON form of an :class:`AuditResult` (schema version :data:`SCHEMA_VERSION`).
+
+Layout: the dataclass fields of AuditResult, AuditConfig, TargetResult and CheckResult as
+JSON objects; enums as their string values; tuples as arrays; non-finite floats (an infinite
+minimum detectable TV: nothing detectable at that n) as ``null``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from losslessness.audit import (
+    SCHEMA_VERSION,
+    AuditConfig,
+    AuditResult,
+    TargetResult,
+    TargetVerdict,
+)
+from losslessness.checks import CheckKind, CheckResult, Verdict
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    if hasattr(value, "value") and isinstance(value.value, str):
+        return value.value
+    return value
+
+
+def audit_to_dict(result: AuditResult) -> dict[str, Any]:
+    """The JSON-able dictionary of ``result`` (see the module docstring for the layout)."""
+    data: dict[str, Any] = _plain(dataclasses.asdict(result))
+    return data
+
+
+def _check_from_dict(data: dict[str, Any]) -> CheckResult:
+    values = dict(data)
+    values["kind"] = CheckKind(values["kind"])
+    values["verdict"] = Verdict(values["verdict"])
+    if values["min_detectable_tv"] is None:
+        values["min_detectable_tv"] = math.inf
+    return CheckResult(**values)
+
+
+def audit_from_dict(data: dict[str, Any]) -> AuditResult:
+    """Rebuild an :class:`AuditResult` from :func:`audit_to_dict`'s output.
+
+    Raises:
+        ValueError: the schema version is not :data:`SCHEMA_VERSION`.
+    """
+    if data.get("schema_version") != SCHEMA_VERSION:
+        raise ValueError(
+            f"schema_version: expected {SCHEMA_VERSION!r}, got {data.get('schema_version')!r}"
+        )
+    config = dict(data["config"])
+    config["only"] = tuple(config["only"])
+    config["cases"] = tuple(config["cases"])
+    targets = []
+    for target in data["targets"]:
+        values = dict(target)
+        values["verdict"] = TargetVerdict(values["verdict"])
+        values["checks"] = [_check_from_dict(check) for check in values["checks"]]
+        targets.append(TargetResult(**values))
+    values = dict(data)
+    values["config"] = AuditConfig(**config)
+    values["targets"] = targets
+    return AuditResult(**values)
+
+
+def write_json(result: AuditResult, path: str | Path) -> None:
+    """Write ``result`` to ``path`` as indented JSON (strict: no NaN or Infinity literals)."""
+    Path(path).write_text(json.dumps(audit_to_dict(result), indent=2, allow_nan=False) + "\n")
+
+
+def read_json(path: str | Path) -> AuditResult:
+    """Read an :class:`AuditResult` written by :func:`write_json`."""
+    loaded: dict[str, Any] = json.loads(Path(path).read_text())
+    return audit_from_dict(loaded)

@@ -1,0 +1,108 @@
+"""Terminal rendering of an audit: one verdict table per target (rich), then the failures
+with their replay commands, then a one-line summary per target."""
+
+from __future__ import annotations
+
+import math
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from losslessness.audit import AuditResult, TargetVerdict
+from losslessness.checks import CheckKind, CheckResult, Verdict
+
+_STYLES = {
+    Verdict.PASS: "green", Verdict.LOSSY: "bold red", Verdict.SUBOPTIMAL: "yellow",
+    Verdict.ERROR: "bold magenta", Verdict.SKIPPED: "dim",
+    TargetVerdict.LOSSLESS: "bold green", TargetVerdict.LOSSY: "bold red",
+    TargetVerdict.SUBOPTIMAL: "bold yellow", TargetVerdict.ERROR: "bold magenta",
+}
+
+
+def _number(value: float | None, digits: int = 3) -> str:
+    if value is None:
+        return "-"
+    if math.isinf(value):
+        return "inf"
+    return f"{value:.{digits}g}"
+
+
+def replay_command(result: AuditResult, check: CheckResult) -> str:
+    """The command that redraws exactly the samples behind ``check`` and recomputes its test."""
+    steps = check.details.get("steps")
+    return (
+        f"losslessness audit {check.target} --seed {result.config.seed} --case {check.case_id} "
+        f"--only {check.check_id}" + (f" --steps {steps}" if steps else "")
+    )
+
+
+def _table(result: AuditResult, index: int) -> Table:
+    target = result.targets[index]
+    table = Table(
+        title=Text.assemble(f"{target.name}: ", (target.verdict.value, _STYLES[target.verdict])),
+        caption=target.description, title_justify="left", caption_justify="left",
+    )
+    for column, justify in (
+        ("check", "left"), ("case", "left"), ("pos", "right"), ("n", "right"),
+        ("statistic", "right"), ("df", "right"), ("p-value", "right"), ("alpha", "right"),
+        ("power", "right"), ("min TV", "right"), ("verdict", "left"),
+    ):
+        table.add_column(column, justify=justify)  # type: ignore[arg-type]
+    for check in target.checks:
+        case = check.case_id + (f"[{check.row}]" if check.details.get("n_rows", 1) > 1 else "")
+        underpowered = check.kind is CheckKind.STATISTICAL and (
+            check.min_detectable_tv > result.config.tv * 1.0001
+        )
+        table.add_row(
+            check.check_id, case, "-" if check.position is None else str(check.position),
+            str(check.n), _number(check.statistic), "-" if check.df is None else str(check.df),
+            _number(check.p_value), "exact" if check.kind is CheckKind.EXACT else _number(
+                check.alpha, 2), _number(check.power, 2),
+            Text(_number(check.min_detectable_tv), style="yellow" if underpowered else ""),
+            Text(check.verdict.value, style=_STYLES[check.verdict]),
+        )
+    return table
+
+
+def print_audit(result: AuditResult, console: Console | None = None) -> None:
+    """Print the verdict tables, the failures (with replay commands) and the summary.
+
+    Args:
+        result: the audit.
+        console: where to print (default: standard output).
+    """
+    console = console or Console()
+    config = result.config
+    console.print(
+        f"[bold]losslessness audit[/] seed {config.seed}: every statistical check detects TV >= "
+        f"{config.tv:g} with power {config.power:g}; family-wise false-alarm rate "
+        f"{config.family_wise_alpha:g} split over {result.n_assertions} assertions -> "
+        f"alpha {result.per_assertion_alpha:.3g} each (Bonferroni). Exact checks have no false "
+        "alarms; 'min TV' for them is the smallest violation rate caught with that power, for "
+        "acceptance the smallest shift of the rate."
+    )
+    for index, target in enumerate(result.targets):
+        if target.error is not None:
+            console.print(Text.assemble(
+                f"{target.name}: ", (target.verdict.value, _STYLES[target.verdict]),
+                f" - could not be audited: {target.error}",
+            ))
+            continue
+        console.print(_table(result, index))
+        for check in target.checks:
+            if check.verdict in (Verdict.LOSSY, Verdict.SUBOPTIMAL, Verdict.ERROR):
+                console.print(Text.assemble(
+                    (f"{check.verdict.value} ", _STYLES[check.verdict]),
+                    f"{check.check_id} at {check.where} ({check.case_summary}): {check.message}",
+                ))
+                console.print(Text(f"  replay: {replay_command(result, check)}", style="dim"))
+    for target in result.targets:
+        counts = {verdict: sum(c.verdict is verdict for c in target.checks) for verdict in Verdict}
+        summary = ", ".join(f"{count} {verdict.value}" for verdict, count in counts.items() if count)
+        console.print(Text.assemble(
+            (f"{target.verdict.value:<10} ", _STYLES[target.verdict]),
+            f"{target.name}: {summary or 'no checks'}; {target.verify_steps} verify steps in "
+            f"{target.wall_time_s:.1f} s",
+        ))
+    console.print(f"wall time {result.wall_time_s:.1f} s")
