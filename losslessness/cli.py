@@ -114,7 +114,8 @@ def audit(
             raise click.UsageError(str(error)) from error
         except AdapterUnavailable as error:
             resolved.append(UnavailableTarget(name, str(error)))
-    console = Console()
+    # Tables need ~150 columns; a pipe or CI log gets that width instead of rich's 80.
+    console = Console(width=None if sys.stdout.isatty() else 160)
     try:
         with _progress(Console(stderr=True), not no_progress and sys.stderr.isatty()) as update:
             result = run_audit(resolved, config, progress=update)

@@ -83,8 +83,9 @@ def plan_case(
 ) -> CasePlan:
     """Steps needed so that every identity test of ``case`` detects TV >= ``tv``.
 
-    Position i of row r is reached with probability ``reach[r, i]``, so it needs
-    ``n_i / reach[r, i]`` steps for the ``n_i`` samples of its identity test
+    Position i of row r is reached with probability ``reach[r, i]``, so it needs about
+    ``n_i / reach[r, i]`` steps (plus three binomial standard deviations) for the ``n_i``
+    samples of its identity test
     (:func:`losslessness.stats.plan_identity_test`); exact checks need
     ``log(1 - power) / log(1 - tv)`` observations.
 
@@ -107,6 +108,9 @@ def plan_case(
             plan = plan_identity_test(
                 laws.emitted[i].numpy(), tv, alpha, power, max_n=max_steps
             )
-            needed = max(needed, math.ceil(plan.n / float(laws.reach[i])))
+            reach = float(laws.reach[i])
+            # The count reaching position i is Binomial(steps, reach); three standard
+            # deviations of head-room keep it at or above plan.n in all but ~0.1% of runs.
+            needed = max(needed, math.ceil((plan.n + 3 * math.sqrt(plan.n * (1 - reach))) / reach))
     return CasePlan(min(needed, max_steps), needed, needed > max_steps)
 

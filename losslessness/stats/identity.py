@@ -49,7 +49,7 @@ MAX_REPORTED_ZERO_MASS_TOKENS = 10
 """How many offending zero-probability cells :class:`IdentityTestResult` lists."""
 
 # Measured by benchmarks/calibrate_expected_floor.py (filled in from the measured table).
-EXPECTED_COUNT_FLOOR: float = 5.0
+EXPECTED_COUNT_FLOOR: float = 10.0
 """Default pooling floor: cells whose expected count ``n * p`` is below it are pooled."""
 
 

@@ -1,0 +1,175 @@
+"""The CLI end to end: wrong verifiers are caught at the default settings (exit 1, the failing
+check and position named), the lossless-but-suboptimal control exits 0 as SUBOPTIMAL, crashes
+exit 3 with the other cases still checked, usage errors exit 2, and reports replay.
+
+Each audit here runs the full default battery on a vectorised verifier (a few seconds each).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+from losslessness.cli import main
+
+
+def run_cli(*args: str) -> Result:
+    return CliRunner().invoke(main, list(args), catch_exceptions=False)
+
+
+def audit_json(tmp_path: Path, *args: str) -> tuple[Result, dict]:  # type: ignore[type-arg]
+    path = tmp_path / "audit.json"
+    result = run_cli("audit", "--no-progress", "--json", str(path), *args)
+    return result, json.loads(path.read_text())
+
+
+def lossy_checks(record: dict) -> set[tuple[str, int | None]]:  # type: ignore[type-arg]
+    return {
+        (check["check_id"], check["position"])
+        for target in record["targets"]
+        for check in target["checks"]
+        if check["verdict"] == "LOSSY"
+    }
+
+
+@pytest.mark.parametrize(
+    ("verifier", "expected_check"),
+    [
+        ("residual_is_target", "law"),
+        ("bonus_from_wrong_row", "law"),
+        ("ratio_inverted", "law"),
+        ("acceptance_never_stops", "law"),
+    ],
+)
+def test_wrong_verifier_is_caught_at_default_settings_and_exits_1(
+    tmp_path: Path, verifier: str, expected_check: str
+) -> None:
+    """Power: each deliberately wrong verifier comes out LOSSY with exit code 1, and the
+    output names the failing check and position."""
+    result, record = audit_json(tmp_path, f"tests.wrong_verifiers:{verifier}")
+    assert result.exit_code == 1, result.output
+    assert record["targets"][0]["verdict"] == "LOSSY"
+    failing = lossy_checks(record)
+    assert any(check == expected_check for check, _ in failing), failing
+    assert re.search(rf"LOSSY {expected_check} at \S+ pos \d", result.output), result.output
+    assert "replay: losslessness audit" in result.output
+
+
+def test_bonus_from_wrong_row_is_located_at_the_bonus_position(tmp_path: Path) -> None:
+    """The off-by-one bonus row is reported at position k of the cases it breaks, and only
+    there (every draft position still follows p)."""
+    _, record = audit_json(tmp_path, "tests.wrong_verifiers:bonus_from_wrong_row")
+    checks = record["targets"][0]["checks"]
+    lossy = [c for c in checks if c["verdict"] == "LOSSY"]
+    assert lossy
+    for check in lossy:
+        assert check["check_id"] in ("law", "edge.one-hot")
+        positions = [c["position"] for c in checks
+                     if c["case_id"] == check["case_id"] and c["check_id"] == check["check_id"]]
+        assert check["position"] == max(positions), check
+
+
+def test_sample_and_match_is_suboptimal_not_lossy(tmp_path: Path) -> None:
+    """Sample-and-match (MLX-LM's verification) is lossless with lower acceptance: the audit
+    says SUBOPTIMAL through the acceptance check, never LOSSY, and exits 0."""
+    result, record = audit_json(tmp_path, "tests.wrong_verifiers:sample_and_match")
+    assert result.exit_code == 0, result.output
+    target = record["targets"][0]
+    assert target["verdict"] == "SUBOPTIMAL"
+    assert not lossy_checks(record)
+    suboptimal = {c["check_id"] for c in target["checks"] if c["verdict"] == "SUBOPTIMAL"}
+    assert suboptimal <= {"acceptance", "edge.p-equals-q"} and suboptimal
+
+
+def test_greedy_tie_breaking_to_highest_index_is_caught(tmp_path: Path) -> None:
+    """A greedy verifier that breaks ties towards the highest index differs from argmax
+    decoding on the tie cases (exit 1), and agrees on the tie-free random cases."""
+    result, record = audit_json(tmp_path, "--greedy", "tests.wrong_verifiers:greedy_ties_to_highest")
+    assert result.exit_code == 1, result.output
+    verdicts = {c["case_id"]: c["verdict"] for c in record["targets"][0]["checks"]}
+    assert verdicts["greedy-v8-ties"] == "LOSSY"
+    assert verdicts["greedy-v300-ties"] == "LOSSY"
+    assert verdicts["greedy-v50-random"] == "PASS"
+
+
+def test_reference_greedy_passes_the_greedy_battery(tmp_path: Path) -> None:
+    """The reference greedy verifier, named as a module callable, equals argmax decoding."""
+    result, record = audit_json(tmp_path, "--greedy", "losslessness.reference:verify_greedy")
+    assert result.exit_code == 0, result.output
+    assert {c["verdict"] for c in record["targets"][0]["checks"]} == {"PASS"}
+
+
+def test_crashing_target_exits_3_and_the_other_cases_still_run(tmp_path: Path) -> None:
+    """A target that raises on one case is recorded as ERROR there; every other case is
+    still checked and passes; the exit code is 3."""
+    result, record = audit_json(tmp_path, "tests.wrong_verifiers:crashes_on_large_vocab")
+    assert result.exit_code == 3, result.output
+    checks = record["targets"][0]["checks"]
+    errors = {c["case_id"] for c in checks if c["verdict"] == "ERROR"}
+    assert errors == {"v4096-flat"}
+    assert all("vocabulary too large" in c["message"] for c in checks if c["verdict"] == "ERROR")
+    others = {c["verdict"] for c in checks if c["case_id"] != "v4096-flat"}
+    assert others <= {"PASS", "SKIPPED"} and "PASS" in others
+
+
+def test_malformed_output_is_a_structure_violation(tmp_path: Path) -> None:
+    """Returning something that is not [B, k+1] is LOSSY at ``structure`` (exit 1)."""
+    result, record = audit_json(
+        tmp_path, "--case", "v8-far", "tests.wrong_verifiers:drops_placeholder"
+    )
+    assert result.exit_code == 1, result.output
+    assert lossy_checks(record) == {("structure", None)}
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("audit", "no_such_module_xyz:verify"),
+        ("audit", "tests.wrong_verifiers:not_there"),
+        ("audit", "not-an-adapter"),
+        ("audit", "--tv", "0", "reference"),
+        ("audit", "--alpha", "2", "reference"),
+        ("audit", "--only", "nonsense", "reference"),
+        ("audit", "--case", "no-such-case", "reference"),
+    ],
+)
+def test_usage_errors_exit_2(args: tuple[str, ...]) -> None:
+    """Unknown targets, checks or cases and out-of-range design values are usage errors."""
+    result = CliRunner().invoke(main, list(args))
+    assert result.exit_code == 2, result.output
+
+
+def test_replay_command_reproduces_the_p_value(tmp_path: Path) -> None:
+    """The printed replay command (seed, case, check, steps) redraws the same samples: the
+    replayed p-value equals the original one."""
+    _, record = audit_json(tmp_path, "--case", "v16-near-k4", "--seed", "7", "reference")
+    original = next(c for c in record["targets"][0]["checks"]
+                    if c["check_id"] == "law" and c["position"] == 2)
+    replay_path = tmp_path / "replay.json"
+    run_cli("audit", "--no-progress", "--json", str(replay_path), "reference", "--seed", "7",
+            "--case", "v16-near-k4", "--only", "law", "--steps", str(original["details"]["steps"]))
+    replayed = next(c for c in json.loads(replay_path.read_text())["targets"][0]["checks"]
+                    if c["position"] == 2)
+    assert replayed["p_value"] == original["p_value"]
+    assert replayed["seed"] == original["seed"]
+
+
+def test_plan_prints_sample_sizes() -> None:
+    """``losslessness plan`` prints per-position sample sizes and the steps a run needs."""
+    result = run_cli("plan", "--tv", "0.05", "--vocab", "100", "--k", "2", "--alpha", "1e-3")
+    assert result.exit_code == 0, result.output
+    assert "verify steps needed" in result.output
+    steps = int(re.search(r"verify steps needed: (\d+)", result.output).group(1))  # type: ignore[union-attr]
+    assert steps > 1000
+
+
+def test_list_shows_adapters_and_cases() -> None:
+    """``losslessness list`` shows the registered adapters and the battery."""
+    result = run_cli("list")
+    assert result.exit_code == 0
+    for name in ("reference", "transformers", "v4096-flat", "greedy-v8-ties"):
+        assert name in result.output
