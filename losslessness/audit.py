@@ -229,14 +229,20 @@ def _select_cases(config: AuditConfig) -> tuple[list[ChainCase], list[GreedyCase
     chain = default_chain_battery()
     greedy = default_greedy_battery()
     if config.cases:
-        known = {case.case_id for case in [*chain, *greedy]}
+        known = {case.case_id for case in chain} | {case.case_id for case in greedy}
         unknown = sorted(set(config.cases) - known)
         if unknown:
             raise ValueError(f"cases: unknown case ids {unknown}; known: {sorted(known)}")
         chain = [case for case in chain if case.case_id in config.cases]
         greedy = [case for case in greedy if case.case_id in config.cases]
-    chain_checks = ("structure", "law", "acceptance", "edge.disjoint", "edge.one-hot",
-                    "edge.p-equals-q")
+    chain_checks = (
+        "structure",
+        "law",
+        "acceptance",
+        "edge.disjoint",
+        "edge.one-hot",
+        "edge.p-equals-q",
+    )
     if not any(config.selects(check_id) for check_id in chain_checks):
         chain = []
     if not config.selects("greedy"):
@@ -265,54 +271,105 @@ def plan_audit(adapters: Sequence[Adapter], config: AuditConfig) -> _Plan:
     return _Plan(chain, greedy, budget, plans)
 
 
+@dataclass
+class _ProgressTracker:
+    callback: ProgressCallback | None
+    planned: int
+    done: int = 0
+    label: str = ""
+
+    def advance(self, steps: int) -> None:
+        self.done += steps
+        if self.callback is not None:
+            self.callback(self.done, self.planned, self.label)
+
+
 def _planned_steps(adapter: Adapter, plan: _Plan) -> int:
     steps = 0
     if adapter.chain is not None:
-        steps += sum(plan.case_plans[case.case_id].n_steps * case.n_rows for case in plan.chain_cases)
+        steps += sum(
+            plan.case_plans[case.case_id].n_steps * case.n_rows for case in plan.chain_cases
+        )
     if adapter.greedy is not None:
         steps += sum(int(case.draft_token_ids.shape[0]) for case in plan.greedy_cases)
     return steps
 
 
-def _error_results(context: CheckContext, check_ids: Sequence[str], error: BaseException) -> list[
-    CheckResult
-]:
+def _error_results(
+    context: CheckContext, check_ids: Sequence[str], error: BaseException
+) -> list[CheckResult]:
     where = traceback.extract_tb(error.__traceback__)[-1] if error.__traceback__ else None
     location = f" at {where.filename}:{where.lineno}" if where else ""
     message = f"target raised {type(error).__name__}: {error}{location}"
     return [
-        context.result(check_id, kind=CheckKind.EXACT, n=0, verdict=Verdict.ERROR,
-                       min_detectable_tv=float("inf"), message=message)
+        context.result(
+            check_id,
+            kind=CheckKind.EXACT,
+            n=0,
+            verdict=Verdict.ERROR,
+            min_detectable_tv=float("inf"),
+            message=message,
+        )
         for check_id in check_ids
     ]
 
 
 def _audit_chain_case(
-    adapter: Adapter, case: ChainCase, plan: CasePlan, config: AuditConfig,
-    budget: ErrorBudget, advance: Callable[[int], None], totals: TargetResult,
+    adapter: Adapter,
+    case: ChainCase,
+    plan: CasePlan,
+    config: AuditConfig,
+    budget: ErrorBudget,
+    advance: Callable[[int], None],
+    totals: TargetResult,
 ) -> list[CheckResult]:
     assert adapter.chain is not None
     seed = derive_seed(config.seed, "chain", case.case_hash)
-    context = CheckContext(adapter.name, case.case_id, case.summary, case.case_hash,
-                           budget.per_assertion_alpha, config.power, config.tv, seed)
-    selected = [check_id for check_id in ("structure", "law", "acceptance")
-                if config.selects(check_id)]
+    context = CheckContext(
+        adapter.name,
+        case.case_id,
+        case.summary,
+        case.case_hash,
+        budget.per_assertion_alpha,
+        config.power,
+        config.tv,
+        seed,
+    )
+    selected = [
+        check_id for check_id in ("structure", "law", "acceptance") if config.selects(check_id)
+    ]
     try:
-        samples = sample_chain(adapter.chain, case, plan.n_steps, seed,
-                               progress=lambda m: advance(m * case.n_rows))
+        samples = sample_chain(
+            adapter.chain, case, plan.n_steps, seed, progress=lambda m: advance(m * case.n_rows)
+        )
     except ProtocolViolation as violation:
-        return [context.result(
-            "structure", kind=CheckKind.EXACT, n=0, verdict=Verdict.LOSSY, p_value=0.0,
-            min_detectable_tv=float("inf"), message=f"malformed output: {violation}",
-        )]
-    except Exception as error:  # noqa: BLE001 - a crashing target is recorded, the audit goes on
+        return [
+            context.result(
+                "structure",
+                kind=CheckKind.EXACT,
+                n=0,
+                verdict=Verdict.LOSSY,
+                p_value=0.0,
+                min_detectable_tv=float("inf"),
+                message=f"malformed output: {violation}",
+            )
+        ]
+    except Exception as error:
         return _error_results(context, selected or ["structure"], error)
     totals.verify_steps += plan.n_steps * case.n_rows
     totals.verifier_calls += samples.calls
     totals.verifier_time_s += samples.verifier_time_s
-    context = CheckContext(adapter.name, case.case_id, case.summary, case.case_hash,
-                           budget.per_assertion_alpha, config.power, config.tv, seed,
-                           samples.wall_time_s)
+    context = CheckContext(
+        adapter.name,
+        case.case_id,
+        case.summary,
+        case.case_hash,
+        budget.per_assertion_alpha,
+        config.power,
+        config.tv,
+        seed,
+        samples.wall_time_s,
+    )
     results = [check_structure(samples, context)]
     results += check_conditional_laws(samples, context)
     results += check_acceptance(samples, context)
@@ -322,15 +379,28 @@ def _audit_chain_case(
     return [result for result in results if config.selects(result.check_id)]
 
 
-def _audit_greedy_case(adapter: Adapter, case: GreedyCase, config: AuditConfig,
-                       budget: ErrorBudget, totals: TargetResult) -> CheckResult:
+def _audit_greedy_case(
+    adapter: Adapter,
+    case: GreedyCase,
+    config: AuditConfig,
+    budget: ErrorBudget,
+    totals: TargetResult,
+) -> CheckResult:
     assert adapter.greedy is not None
-    context = CheckContext(adapter.name, case.case_id, case.summary, case.case_hash,
-                           budget.per_assertion_alpha, config.power, config.tv, 0)
+    context = CheckContext(
+        adapter.name,
+        case.case_id,
+        case.summary,
+        case.case_hash,
+        budget.per_assertion_alpha,
+        config.power,
+        config.tv,
+        0,
+    )
     began = time.perf_counter()
     try:
         result = check_greedy(adapter.greedy, case, context)
-    except Exception as error:  # noqa: BLE001 - a crashing target is recorded, the audit goes on
+    except Exception as error:
         return _error_results(context, ["greedy"], error)[0]
     totals.verify_steps += int(case.draft_token_ids.shape[0])
     totals.verifier_calls += 1
@@ -362,38 +432,35 @@ def run_audit(
     began = time.perf_counter()
     adapters = [target for target in targets if isinstance(target, Adapter)]
     plan = plan_audit(adapters, config)
-    planned = sum(_planned_steps(adapter, plan) for adapter in adapters)
-    done = 0
+    tracker = _ProgressTracker(progress, sum(_planned_steps(a, plan) for a in adapters))
     results = []
     for target in targets:
         if isinstance(target, UnavailableTarget):
-            results.append(TargetResult(target.name, "unavailable", TargetVerdict.ERROR,
-                                        error=target.reason))
+            results.append(
+                TargetResult(target.name, "unavailable", TargetVerdict.ERROR, error=target.reason)
+            )
             continue
         target_began = time.perf_counter()
         totals = TargetResult(target.name, target.description, TargetVerdict.LOSSLESS)
-        label = target.name
-
-        def advance(steps: int) -> None:
-            nonlocal done
-            done += steps
-            if progress is not None:
-                progress(done, planned, label)
-
         if target.chain is not None:
             for case in plan.chain_cases:
-                label = f"{target.name} {case.case_id}"
+                tracker.label = f"{target.name} {case.case_id}"
                 totals.checks += _audit_chain_case(
-                    target, case, plan.case_plans[case.case_id], config, plan.budget,
-                    advance, totals,
+                    target,
+                    case,
+                    plan.case_plans[case.case_id],
+                    config,
+                    plan.budget,
+                    tracker.advance,
+                    totals,
                 )
         if target.greedy is not None:
             for greedy_case in plan.greedy_cases:
-                label = f"{target.name} {greedy_case.case_id}"
+                tracker.label = f"{target.name} {greedy_case.case_id}"
                 totals.checks.append(
                     _audit_greedy_case(target, greedy_case, config, plan.budget, totals)
                 )
-                advance(int(greedy_case.draft_token_ids.shape[0]))
+                tracker.advance(int(greedy_case.draft_token_ids.shape[0]))
         totals.verdict = _target_verdict(totals.checks)
         totals.wall_time_s = time.perf_counter() - target_began
         results.append(totals)

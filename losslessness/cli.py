@@ -50,9 +50,14 @@ def main() -> None:
 @contextmanager
 def _progress(console: Console, enabled: bool) -> Iterator[ProgressCallback]:
     progress = Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-        TextColumn("verify steps"), TimeElapsedColumn(),
-        console=console, transient=True, disable=not enabled,
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("verify steps"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+        disable=not enabled,
     )
     task = progress.add_task("planning", total=None)
 
@@ -65,30 +70,74 @@ def _progress(console: Console, enabled: bool) -> Iterator[ProgressCallback]:
 
 @main.command()
 @click.argument("targets", nargs=-1)
-@click.option("--tv", type=float, default=0.05, show_default=True,
-              help="Design TV distance: each identity test detects TV >= this with --power.")
-@click.option("--alpha", type=float, default=DEFAULT_FAMILY_WISE_ALPHA, show_default=True,
-              help="Family-wise false-alarm rate of the whole run (split Bonferroni).")
+@click.option(
+    "--tv",
+    type=float,
+    default=0.05,
+    show_default=True,
+    help="Design TV distance: each identity test detects TV >= this with --power.",
+)
+@click.option(
+    "--alpha",
+    type=float,
+    default=DEFAULT_FAMILY_WISE_ALPHA,
+    show_default=True,
+    help="Family-wise false-alarm rate of the whole run (split Bonferroni).",
+)
 @click.option("--power", type=float, default=0.9, show_default=True, help="Design power 1-beta.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Run seed.")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False, writable=True),
-              help="Write the AuditResult as JSON to this path.")
-@click.option("--only", multiple=True, metavar="CHECK",
-              help=f"Run only this check (repeatable): {', '.join(CHAIN_CHECK_IDS + GREEDY_CHECK_IDS)}"
-              ", or 'edge' for every edge case.")
-@click.option("--case", "cases", multiple=True, metavar="CASE",
-              help="Run only this battery case (repeatable); see 'losslessness list'.")
-@click.option("--greedy", is_flag=True,
-              help="pkg.module:callable targets follow the greedy protocol, not the chain one.")
-@click.option("--max-steps", type=int, default=200_000, show_default=True,
-              help="Cap on verify steps per case and row type.")
-@click.option("--steps", type=int, default=None,
-              help="Use exactly this many steps per case (replays a reported assertion).")
+@click.option(
+    "--json",
+    "json_path",
+    type=click.Path(dir_okay=False, writable=True),
+    help="Write the AuditResult as JSON to this path.",
+)
+@click.option(
+    "--only",
+    multiple=True,
+    metavar="CHECK",
+    help=f"Run only this check (repeatable): {', '.join(CHAIN_CHECK_IDS + GREEDY_CHECK_IDS)}"
+    ", or 'edge' for every edge case.",
+)
+@click.option(
+    "--case",
+    "cases",
+    multiple=True,
+    metavar="CASE",
+    help="Run only this battery case (repeatable); see 'losslessness list'.",
+)
+@click.option(
+    "--greedy",
+    is_flag=True,
+    help="pkg.module:callable targets follow the greedy protocol, not the chain one.",
+)
+@click.option(
+    "--max-steps",
+    type=int,
+    default=200_000,
+    show_default=True,
+    help="Cap on verify steps per case and row type.",
+)
+@click.option(
+    "--steps",
+    type=int,
+    default=None,
+    help="Use exactly this many steps per case (replays a reported assertion).",
+)
 @click.option("--no-progress", is_flag=True, help="Do not show a progress bar.")
 def audit(
-    targets: tuple[str, ...], tv: float, alpha: float, power: float, seed: int,
-    json_path: str | None, only: tuple[str, ...], cases: tuple[str, ...], greedy: bool,
-    max_steps: int, steps: int | None, no_progress: bool,
+    targets: tuple[str, ...],
+    tv: float,
+    alpha: float,
+    power: float,
+    seed: int,
+    json_path: str | None,
+    only: tuple[str, ...],
+    cases: tuple[str, ...],
+    greedy: bool,
+    max_steps: int,
+    steps: int | None,
+    no_progress: bool,
 ) -> None:
     """Audit TARGETS (default: reference transformers) on the battery.
 
@@ -99,11 +148,20 @@ def audit(
     known_checks = (*CHAIN_CHECK_IDS, *GREEDY_CHECK_IDS, "edge")
     for name in only:
         if name not in known_checks:
-            raise click.BadParameter(f"unknown check {name!r}; known: {', '.join(known_checks)}",
-                                     param_hint="--only")
+            raise click.BadParameter(
+                f"unknown check {name!r}; known: {', '.join(known_checks)}", param_hint="--only"
+            )
     try:
-        config = AuditConfig(tv=tv, family_wise_alpha=alpha, power=power, seed=seed, only=only,
-                             cases=cases, max_steps=max_steps, steps=steps)
+        config = AuditConfig(
+            tv=tv,
+            family_wise_alpha=alpha,
+            power=power,
+            seed=seed,
+            only=only,
+            cases=cases,
+            max_steps=max_steps,
+            steps=steps,
+        )
     except ValueError as error:
         raise click.UsageError(str(error)) from error
     resolved: list[Adapter | UnavailableTarget] = []
@@ -134,8 +192,9 @@ def audit(
 def list_command() -> None:
     """List registered adapters, checks and the battery's cases."""
     console = Console()
-    adapters = Table(title="adapters (entry-point group losslessness.adapters)",
-                     title_justify="left")
+    adapters = Table(
+        title="adapters (entry-point group losslessness.adapters)", title_justify="left"
+    )
     adapters.add_column("name")
     adapters.add_column("entry point")
     for name, point in sorted(registered_adapters().items()):
@@ -158,17 +217,28 @@ def list_command() -> None:
 @click.option("--tv", type=float, default=0.05, show_default=True, help="Design TV distance.")
 @click.option("--vocab", type=click.IntRange(min=2), required=True, help="Vocabulary size V.")
 @click.option("--k", "k", type=click.IntRange(min=0), required=True, help="Draft length k.")
-@click.option("--alpha", type=float, default=DEFAULT_FAMILY_WISE_ALPHA, show_default=True,
-              help="Family-wise false-alarm rate, split over the 2k+1 assertions of one case.")
+@click.option(
+    "--alpha",
+    type=float,
+    default=DEFAULT_FAMILY_WISE_ALPHA,
+    show_default=True,
+    help="Family-wise false-alarm rate, split over the 2k+1 assertions of one case.",
+)
 @click.option("--power", type=float, default=0.9, show_default=True, help="Design power.")
-@click.option("--acceptance", type=float, default=0.8, show_default=True,
-              help="Acceptance rate per position, which sets how often deep positions are reached.")
+@click.option(
+    "--acceptance",
+    type=float,
+    default=0.8,
+    show_default=True,
+    help="Acceptance rate per position, which sets how often deep positions are reached.",
+)
 def plan(tv: float, vocab: int, k: int, alpha: float, power: float, acceptance: float) -> None:
     """Print the sample sizes one case of (V, k) needs: identity tests of every position
     against a uniform p over V (the most cells, so the most samples), plus acceptance tests."""
     if not 0 < tv <= 1 or not 0 < alpha < 1 or not 0 < power < 1 or not 0 < acceptance <= 1:
-        raise click.UsageError("--tv in (0, 1], --alpha and --power in (0, 1), "
-                               "--acceptance in (0, 1]")
+        raise click.UsageError(
+            "--tv in (0, 1], --alpha and --power in (0, 1), --acceptance in (0, 1]"
+        )
     n_assertions = 2 * k + 1 if acceptance < 1 else k + 1
     alpha_each = alpha / n_assertions
     console = Console()
@@ -180,16 +250,32 @@ def plan(tv: float, vocab: int, k: int, alpha: float, power: float, acceptance: 
     reach = [acceptance**position for position in range(k + 1)]
     steps_needed = max(math.ceil(identity.n / r) for r in reach)
     table = Table()
-    for column in ("position", "samples needed", "df", "P(reach)", "verify steps",
-                   "acceptance shift detected"):
+    for column in (
+        "position",
+        "samples needed",
+        "df",
+        "P(reach)",
+        "verify steps",
+        "acceptance shift detected",
+    ):
         table.add_column(column, justify="right")
     for position in range(k + 1):
         reached = math.floor(steps_needed * reach[position])
-        shift = "-" if position == k or acceptance >= 1 else (
-            f"{binomial_minimum_detectable_shift(reached, acceptance, alpha_each, power):.3g}"
+        shift = (
+            "-"
+            if position == k or acceptance >= 1
+            else (
+                f"{binomial_minimum_detectable_shift(reached, acceptance, alpha_each, power):.3g}"
+            )
         )
         label = f"{position} (bonus)" if position == k else str(position)
-        table.add_row(label, str(identity.n), str(identity.df), f"{reach[position]:.3g}",
-                      str(math.ceil(identity.n / reach[position])), shift)
+        table.add_row(
+            label,
+            str(identity.n),
+            str(identity.df),
+            f"{reach[position]:.3g}",
+            str(math.ceil(identity.n / reach[position])),
+            shift,
+        )
     console.print(table)
     console.print(f"verify steps needed: {steps_needed} (the deepest position decides)")

@@ -80,8 +80,9 @@ class GreedyVerifier(Protocol):
         ``[B, k+1]`` int64: emitted tokens left-aligned, :data:`PLACEHOLDER` after the last.
     """
 
-    def __call__(self, target_logits: torch.Tensor, draft_token_ids: torch.Tensor) -> torch.Tensor:
-        ...
+    def __call__(
+        self, target_logits: torch.Tensor, draft_token_ids: torch.Tensor
+    ) -> torch.Tensor: ...
 
 
 def _require_tensor(name: str, value: object) -> torch.Tensor:

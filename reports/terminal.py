@@ -13,10 +13,15 @@ from losslessness.audit import AuditResult, TargetVerdict
 from losslessness.checks import CheckKind, CheckResult, Verdict
 
 _STYLES = {
-    Verdict.PASS: "green", Verdict.LOSSY: "bold red", Verdict.SUBOPTIMAL: "yellow",
-    Verdict.ERROR: "bold magenta", Verdict.SKIPPED: "dim",
-    TargetVerdict.LOSSLESS: "bold green", TargetVerdict.LOSSY: "bold red",
-    TargetVerdict.SUBOPTIMAL: "bold yellow", TargetVerdict.ERROR: "bold magenta",
+    Verdict.PASS: "green",
+    Verdict.LOSSY: "bold red",
+    Verdict.SUBOPTIMAL: "yellow",
+    Verdict.ERROR: "bold magenta",
+    Verdict.SKIPPED: "dim",
+    TargetVerdict.LOSSLESS: "bold green",
+    TargetVerdict.LOSSY: "bold red",
+    TargetVerdict.SUBOPTIMAL: "bold yellow",
+    TargetVerdict.ERROR: "bold magenta",
 }
 
 
@@ -41,12 +46,22 @@ def _table(result: AuditResult, index: int) -> Table:
     target = result.targets[index]
     table = Table(
         title=Text.assemble(f"{target.name}: ", (target.verdict.value, _STYLES[target.verdict])),
-        caption=target.description, title_justify="left", caption_justify="left",
+        caption=target.description,
+        title_justify="left",
+        caption_justify="left",
     )
     for column, justify in (
-        ("check", "left"), ("case", "left"), ("pos", "right"), ("n", "right"),
-        ("statistic", "right"), ("df", "right"), ("p-value", "right"), ("alpha", "right"),
-        ("power", "right"), ("min TV", "right"), ("verdict", "left"),
+        ("check", "left"),
+        ("case", "left"),
+        ("pos", "right"),
+        ("n", "right"),
+        ("statistic", "right"),
+        ("df", "right"),
+        ("p-value", "right"),
+        ("alpha", "right"),
+        ("power", "right"),
+        ("min TV", "right"),
+        ("verdict", "left"),
     ):
         table.add_column(column, justify=justify)  # type: ignore[arg-type]
     for check in target.checks:
@@ -55,10 +70,15 @@ def _table(result: AuditResult, index: int) -> Table:
             check.min_detectable_tv > result.config.tv * 1.0001
         )
         table.add_row(
-            check.check_id, case, "-" if check.position is None else str(check.position),
-            str(check.n), _number(check.statistic), "-" if check.df is None else str(check.df),
-            _number(check.p_value), "exact" if check.kind is CheckKind.EXACT else _number(
-                check.alpha, 2), _number(check.power, 2),
+            check.check_id,
+            case,
+            "-" if check.position is None else str(check.position),
+            str(check.n),
+            _number(check.statistic),
+            "-" if check.df is None else str(check.df),
+            _number(check.p_value),
+            "exact" if check.kind is CheckKind.EXACT else _number(check.alpha, 2),
+            _number(check.power, 2),
             Text(_number(check.min_detectable_tv), style="yellow" if underpowered else ""),
             Text(check.verdict.value, style=_STYLES[check.verdict]),
         )
@@ -84,25 +104,35 @@ def print_audit(result: AuditResult, console: Console | None = None) -> None:
     )
     for index, target in enumerate(result.targets):
         if target.error is not None:
-            console.print(Text.assemble(
-                f"{target.name}: ", (target.verdict.value, _STYLES[target.verdict]),
-                f" - could not be audited: {target.error}",
-            ))
+            console.print(
+                Text.assemble(
+                    f"{target.name}: ",
+                    (target.verdict.value, _STYLES[target.verdict]),
+                    f" - could not be audited: {target.error}",
+                )
+            )
             continue
         console.print(_table(result, index))
         for check in target.checks:
             if check.verdict in (Verdict.LOSSY, Verdict.SUBOPTIMAL, Verdict.ERROR):
-                console.print(Text.assemble(
-                    (f"{check.verdict.value} ", _STYLES[check.verdict]),
-                    f"{check.check_id} at {check.where} ({check.case_summary}): {check.message}",
-                ))
+                console.print(
+                    Text.assemble(
+                        (f"{check.verdict.value} ", _STYLES[check.verdict]),
+                        f"{check.check_id} at {check.where} ({check.case_summary}): ",
+                        check.message,
+                    )
+                )
                 console.print(Text(f"  replay: {replay_command(result, check)}", style="dim"))
     for target in result.targets:
         counts = {verdict: sum(c.verdict is verdict for c in target.checks) for verdict in Verdict}
-        summary = ", ".join(f"{count} {verdict.value}" for verdict, count in counts.items() if count)
-        console.print(Text.assemble(
-            (f"{target.verdict.value:<10} ", _STYLES[target.verdict]),
-            f"{target.name}: {summary or 'no checks'}; {target.verify_steps} verify steps in "
-            f"{target.wall_time_s:.1f} s",
-        ))
+        summary = ", ".join(
+            f"{count} {verdict.value}" for verdict, count in counts.items() if count
+        )
+        console.print(
+            Text.assemble(
+                (f"{target.verdict.value:<10} ", _STYLES[target.verdict]),
+                f"{target.name}: {summary or 'no checks'}; {target.verify_steps} verify steps in "
+                f"{target.wall_time_s:.1f} s",
+            )
+        )
     console.print(f"wall time {result.wall_time_s:.1f} s")

@@ -39,8 +39,16 @@ def null_pvalues() -> dict[str, np.ndarray]:
     law, acceptance = [], []
     for seed in range(SEEDS):
         samples = sample_chain(verify, case, STEPS, seed=10_000 + seed)
-        context = CheckContext("reference", case.case_id, case.summary, case.case_hash,
-                               alpha=0.05, power=0.9, tv=0.05, seed=seed)
+        context = CheckContext(
+            "reference",
+            case.case_id,
+            case.summary,
+            case.case_hash,
+            alpha=0.05,
+            power=0.9,
+            tv=0.05,
+            seed=seed,
+        )
         law += [r.p_value for r in check_conditional_laws(samples, context)]
         acceptance += [r.p_value for r in check_acceptance(samples, context)]
     return {"law": np.array(law, dtype=float), "acceptance": np.array(acceptance, dtype=float)}
@@ -80,11 +88,17 @@ def test_budget_is_split_over_exactly_the_statistical_assertions() -> None:
     family_wise_alpha / n_assertions, so their levels sum to the family-wise rate."""
     config = AuditConfig(cases=("v2-tilted", "v64-zeros", "edge-one-hot", "edge-disjoint"))
     result = run_audit([resolve_adapter("reference"), resolve_adapter("reference")], config)
-    statistical = [c for t in result.targets for c in t.checks
-                   if c.kind is CheckKind.STATISTICAL and c.verdict is not Verdict.SKIPPED]
+    statistical = [
+        c
+        for t in result.targets
+        for c in t.checks
+        if c.kind is CheckKind.STATISTICAL and c.verdict is not Verdict.SKIPPED
+    ]
     assert len(statistical) == result.n_assertions
-    assert all(c.alpha == pytest.approx(config.family_wise_alpha / result.n_assertions)
-               for c in statistical)
+    assert all(
+        c.alpha == pytest.approx(config.family_wise_alpha / result.n_assertions)
+        for c in statistical
+    )
     assert sum(c.alpha for c in statistical) == pytest.approx(config.family_wise_alpha)
 
 
@@ -93,8 +107,11 @@ def test_default_audit_meets_its_design_power_on_every_identity_test() -> None:
     reported minimum detectable TV is at most --tv (0.05), so a LOSSLESS verdict covers
     every deviation of TV >= 0.05 at every position, with power >= 0.9."""
     result = run_audit([resolve_adapter("reference")], AuditConfig())
-    laws = [c for c in result.targets[0].checks
-            if c.check_id == "law" and c.kind is CheckKind.STATISTICAL]
+    laws = [
+        c
+        for c in result.targets[0].checks
+        if c.check_id == "law" and c.kind is CheckKind.STATISTICAL
+    ]
     assert laws
     worst = max(laws, key=lambda c: c.min_detectable_tv)
     print(f"largest minimum detectable TV: {worst.min_detectable_tv:.4f} at {worst.where}")

@@ -68,8 +68,11 @@ def test_bonus_from_wrong_row_is_located_at_the_bonus_position(tmp_path: Path) -
     assert lossy
     for check in lossy:
         assert check["check_id"] in ("law", "edge.one-hot")
-        positions = [c["position"] for c in checks
-                     if c["case_id"] == check["case_id"] and c["check_id"] == check["check_id"]]
+        positions = [
+            c["position"]
+            for c in checks
+            if c["case_id"] == check["case_id"] and c["check_id"] == check["check_id"]
+        ]
         assert check["position"] == max(positions), check
 
 
@@ -88,7 +91,9 @@ def test_sample_and_match_is_suboptimal_not_lossy(tmp_path: Path) -> None:
 def test_greedy_tie_breaking_to_highest_index_is_caught(tmp_path: Path) -> None:
     """A greedy verifier that breaks ties towards the highest index differs from argmax
     decoding on the tie cases (exit 1), and agrees on the tie-free random cases."""
-    result, record = audit_json(tmp_path, "--greedy", "tests.wrong_verifiers:greedy_ties_to_highest")
+    result, record = audit_json(
+        tmp_path, "--greedy", "tests.wrong_verifiers:greedy_ties_to_highest"
+    )
     assert result.exit_code == 1, result.output
     verdicts = {c["case_id"]: c["verdict"] for c in record["targets"][0]["checks"]}
     assert verdicts["greedy-v8-ties"] == "LOSSY"
@@ -147,13 +152,28 @@ def test_replay_command_reproduces_the_p_value(tmp_path: Path) -> None:
     """The printed replay command (seed, case, check, steps) redraws the same samples: the
     replayed p-value equals the original one."""
     _, record = audit_json(tmp_path, "--case", "v16-near-k4", "--seed", "7", "reference")
-    original = next(c for c in record["targets"][0]["checks"]
-                    if c["check_id"] == "law" and c["position"] == 2)
+    original = next(
+        c for c in record["targets"][0]["checks"] if c["check_id"] == "law" and c["position"] == 2
+    )
     replay_path = tmp_path / "replay.json"
-    run_cli("audit", "--no-progress", "--json", str(replay_path), "reference", "--seed", "7",
-            "--case", "v16-near-k4", "--only", "law", "--steps", str(original["details"]["steps"]))
-    replayed = next(c for c in json.loads(replay_path.read_text())["targets"][0]["checks"]
-                    if c["position"] == 2)
+    run_cli(
+        "audit",
+        "--no-progress",
+        "--json",
+        str(replay_path),
+        "reference",
+        "--seed",
+        "7",
+        "--case",
+        "v16-near-k4",
+        "--only",
+        "law",
+        "--steps",
+        str(original["details"]["steps"]),
+    )
+    replayed = next(
+        c for c in json.loads(replay_path.read_text())["targets"][0]["checks"] if c["position"] == 2
+    )
     assert replayed["p_value"] == original["p_value"]
     assert replayed["seed"] == original["seed"]
 

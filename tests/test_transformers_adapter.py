@@ -19,24 +19,39 @@ utils = pytest.importorskip("transformers.generation.utils")
 real = utils._speculative_sampling
 
 
-def old_signature_v438(candidate_input_ids: Any, candidate_logits: Any, candidate_length: Any,
-                       new_logits: Any, last_assistant_token_is_eos: Any,
-                       max_matches: Any) -> Any:
+def old_signature_v438(
+    candidate_input_ids: Any,
+    candidate_logits: Any,
+    candidate_length: Any,
+    new_logits: Any,
+    last_assistant_token_is_eos: Any,
+    max_matches: Any,
+) -> Any:
     """Stand-in with transformers 4.38's signature (EOS flag and max_matches required)."""
     assert last_assistant_token_is_eos is False
     assert max_matches == candidate_length
     return real(candidate_input_ids, candidate_logits, candidate_length, new_logits)
 
 
-def old_signature_v440(candidate_input_ids: Any, candidate_logits: Any, candidate_length: Any,
-                       new_logits: Any, is_done_candidate: Any) -> Any:
+def old_signature_v440(
+    candidate_input_ids: Any,
+    candidate_logits: Any,
+    candidate_length: Any,
+    new_logits: Any,
+    is_done_candidate: Any,
+) -> Any:
     """Stand-in with transformers 4.40's signature (is_done_candidate required)."""
     assert is_done_candidate is False
     return real(candidate_input_ids, candidate_logits, candidate_length, new_logits)
 
 
-def unknown_required(candidate_input_ids: Any, candidate_logits: Any, candidate_length: Any,
-                     new_logits: Any, mystery: Any) -> Any:
+def unknown_required(
+    candidate_input_ids: Any,
+    candidate_logits: Any,
+    candidate_length: Any,
+    new_logits: Any,
+    mystery: Any,
+) -> Any:
     """A signature with a required parameter the adapter cannot fill."""
     return None
 
@@ -86,9 +101,18 @@ def test_global_rng_state_is_left_untouched_and_runs_replay() -> None:
 def test_transformers_is_lossless_on_the_small_battery_cases() -> None:
     """The real ``_speculative_sampling`` passes every check on the cheap battery cases
     (the full battery runs in the default audit)."""
-    config = AuditConfig(cases=("v2-tilted", "v8-far", "v64-zeros", "edge-disjoint",
-                                "edge-one-hot", "edge-p-equals-q"))
+    config = AuditConfig(
+        cases=(
+            "v2-tilted",
+            "v8-far",
+            "v64-zeros",
+            "edge-disjoint",
+            "edge-one-hot",
+            "edge-p-equals-q",
+        )
+    )
     result = run_audit([resolve_adapter("transformers")], config)
     target = result.targets[0]
-    assert target.verdict is TargetVerdict.LOSSLESS, [c.message for c in target.checks
-                                                      if c.verdict.value != "PASS"]
+    assert target.verdict is TargetVerdict.LOSSLESS, [
+        c.message for c in target.checks if c.verdict.value != "PASS"
+    ]

@@ -53,8 +53,12 @@ def _chain(
     return emitted_tokens(ids, n_accepted, final)
 
 
-def residual_is_target(target_probs: torch.Tensor, draft_probs: torch.Tensor,
-                       draft_token_ids: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+def residual_is_target(
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    generator: torch.Generator,
+) -> torch.Tensor:
     """WRONG: after a rejection, samples from p instead of norm(max(0, p - q)).
 
     Tokens that q over-proposes get mass twice (accepted drafts and resamples), so the
@@ -63,31 +67,46 @@ def residual_is_target(target_probs: torch.Tensor, draft_probs: torch.Tensor,
     return _chain(target_probs, draft_probs, draft_token_ids, generator, residual_is_target=True)
 
 
-def bonus_from_wrong_row(target_probs: torch.Tensor, draft_probs: torch.Tensor,
-                         draft_token_ids: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+def bonus_from_wrong_row(
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    generator: torch.Generator,
+) -> torch.Tensor:
     """WRONG: the bonus token (all k drafts accepted) is drawn from p_{k-1} instead of p_k,
     an off-by-one in the row index (LOSSY at ``law`` on the bonus position)."""
     return _chain(target_probs, draft_probs, draft_token_ids, generator, bonus_row_offset=1)
 
 
-def ratio_inverted(target_probs: torch.Tensor, draft_probs: torch.Tensor,
-                   draft_token_ids: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+def ratio_inverted(
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    generator: torch.Generator,
+) -> torch.Tensor:
     """WRONG: accepts with probability min(1, q(d) / p(d)) instead of min(1, p(d) / q(d)), so
     drafts the target dislikes are kept (LOSSY at ``law``, and p = 0 drafts are accepted)."""
     return _chain(target_probs, draft_probs, draft_token_ids, generator, invert_ratio=True)
 
 
-def acceptance_never_stops(target_probs: torch.Tensor, draft_probs: torch.Tensor,
-                           draft_token_ids: torch.Tensor,
-                           generator: torch.Generator) -> torch.Tensor:
+def acceptance_never_stops(
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    generator: torch.Generator,
+) -> torch.Tensor:
     """WRONG: counts every accepted position instead of the leading run (sum, not cumprod),
     so drafts after a rejection are emitted as if accepted: acceptance does not stop at the
     first rejection (LOSSY at ``law`` and ``acceptance``)."""
     return _chain(target_probs, draft_probs, draft_token_ids, generator, count_all_accepts=True)
 
 
-def sample_and_match(target_probs: torch.Tensor, draft_probs: torch.Tensor,
-                     draft_token_ids: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+def sample_and_match(
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    generator: torch.Generator,
+) -> torch.Tensor:
     """LOSSLESS but SUBOPTIMAL: draw x_i ~ p_i and accept d_i iff x_i == d_i, emitting x_i at
     the first mismatch (the verification MLX-LM uses). Every emitted token follows p exactly;
     the acceptance probability is sum p_i q_i <= sum min(p_i, q_i), so the audit must say
@@ -103,19 +122,26 @@ def sample_and_match(target_probs: torch.Tensor, draft_probs: torch.Tensor,
     return emitted_tokens(ids, n_accepted, samples.gather(1, n_accepted.unsqueeze(1)).squeeze(1))
 
 
-def greedy_ties_to_highest(target_logits: torch.Tensor,
-                           draft_token_ids: torch.Tensor) -> torch.Tensor:
+def greedy_ties_to_highest(
+    target_logits: torch.Tensor, draft_token_ids: torch.Tensor
+) -> torch.Tensor:
     """WRONG (greedy protocol): breaks ties at the maximum towards the highest index, so with
     tied logits it diverges from argmax decoding (LOSSY at ``greedy`` on the tie cases)."""
     flipped = target_logits.flip(-1).argmax(dim=-1)
     best = target_logits.shape[-1] - 1 - flipped
     k = draft_token_ids.shape[1]
     n_accepted = accepted_lengths(draft_token_ids.to(torch.int64) == best[:, :k])
-    return emitted_tokens(draft_token_ids, n_accepted, best.gather(1, n_accepted.unsqueeze(1))[:, 0])
+    return emitted_tokens(
+        draft_token_ids, n_accepted, best.gather(1, n_accepted.unsqueeze(1))[:, 0]
+    )
 
 
-def crashes_on_large_vocab(target_probs: torch.Tensor, draft_probs: torch.Tensor,
-                           draft_token_ids: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+def crashes_on_large_vocab(
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    generator: torch.Generator,
+) -> torch.Tensor:
     """CRASHES for V > 1000 (as a kernel with a fixed shared-memory tile might) and is the
     reference otherwise: the audit must record ERROR for those cases and go on with the rest."""
     if target_probs.shape[-1] > 1000:
@@ -123,8 +149,12 @@ def crashes_on_large_vocab(target_probs: torch.Tensor, draft_probs: torch.Tensor
     return _chain(target_probs, draft_probs, draft_token_ids, generator)
 
 
-def drops_placeholder(target_probs: torch.Tensor, draft_probs: torch.Tensor,
-                      draft_token_ids: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+def drops_placeholder(
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    generator: torch.Generator,
+) -> torch.Tensor:
     """WRONG (structure): returns only the emitted tokens of the first row, not [B, k+1]."""
     out = _chain(target_probs, draft_probs, draft_token_ids, generator)
     return out[0][out[0] != -1]

@@ -53,7 +53,9 @@ def load_callable(spec: str) -> object:
         raise AdapterNotFound(f"{spec!r}: cannot import {module_name!r}: {error}") from error
     for part in attribute.split("."):
         if not hasattr(value, part):
-            raise AdapterNotFound(f"{spec!r}: module {module_name!r} has no attribute {attribute!r}")
+            raise AdapterNotFound(
+                f"{spec!r}: module {module_name!r} has no attribute {attribute!r}"
+            )
         value = getattr(value, part)
     return value
 

@@ -46,20 +46,30 @@ class SpeculativeSamplingVerifier:
     def __init__(self, function: Callable[..., Any]) -> None:
         self.function = function
         self.parameters = inspect.signature(function).parameters
-        known = {"candidate_input_ids", "candidate_logits", "candidate_length", "new_logits",
-                 "max_matches", *_FLAGS_FALSE}
+        known = {
+            "candidate_input_ids",
+            "candidate_logits",
+            "candidate_length",
+            "new_logits",
+            "max_matches",
+            *_FLAGS_FALSE,
+        }
         unknown = [
-            name for name, parameter in self.parameters.items()
-            if name not in known and parameter.default is inspect.Parameter.empty
+            name
+            for name, parameter in self.parameters.items()
+            if name not in known
+            and parameter.default is inspect.Parameter.empty
             and parameter.kind not in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD)
         ]
         if unknown:
             raise AdapterUnavailable(
-                f"_speculative_sampling has required parameters this adapter does not know: {unknown}"
+                "_speculative_sampling has required parameters this adapter does not know: "
+                f"{unknown}"
             )
 
-    def _arguments(self, ids: torch.Tensor, draft_logits: torch.Tensor,
-                   target_logits: torch.Tensor) -> dict[str, Any]:
+    def _arguments(
+        self, ids: torch.Tensor, draft_logits: torch.Tensor, target_logits: torch.Tensor
+    ) -> dict[str, Any]:
         k = ids.shape[1]
         values: dict[str, Any] = {
             "candidate_input_ids": ids,
@@ -94,9 +104,11 @@ class SpeculativeSamplingVerifier:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             for b in range(batch):
-                returned = self.function(**self._arguments(
-                    ids[b : b + 1], draft_logits[b : b + 1], target_logits[b : b + 1]
-                ))
+                returned = self.function(
+                    **self._arguments(
+                        ids[b : b + 1], draft_logits[b : b + 1], target_logits[b : b + 1]
+                    )
+                )
                 tokens = (returned[0] if isinstance(returned, tuple) else returned).reshape(-1)
                 if tokens.numel() > k + 1:
                     raise RuntimeError(

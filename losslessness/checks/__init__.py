@@ -15,7 +15,12 @@ from losslessness.checks.sampling import ChainSamples, ProtocolViolation, sample
 from losslessness.checks.structure import check_structure
 
 CHAIN_CHECK_IDS = (
-    "structure", "law", "acceptance", "edge.disjoint", "edge.one-hot", "edge.p-equals-q",
+    "structure",
+    "law",
+    "acceptance",
+    "edge.disjoint",
+    "edge.one-hot",
+    "edge.p-equals-q",
 )
 """Check ids a chain verifier is audited with."""
 

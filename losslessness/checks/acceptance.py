@@ -52,8 +52,12 @@ def check_acceptance(samples: ChainSamples, context: CheckContext) -> list[Check
             accepted = int((counts[r] > i + 1).sum())
             expected = float(laws.acceptance[i])
             exact = exact_acceptance(laws, i)
-            details = {"n_rows": case.n_rows, "expected_rate": expected, "accepted": accepted,
-                       "observed_rate": accepted / reached if reached else None}
+            details = {
+                "n_rows": case.n_rows,
+                "expected_rate": expected,
+                "accepted": accepted,
+                "observed_rate": accepted / reached if reached else None,
+            }
             common = {"position": i, "row": r, "n": reached}
             if exact is not None:
                 tag, edge_id = _EXACT_IDS[exact]
@@ -62,15 +66,22 @@ def check_acceptance(samples: ChainSamples, context: CheckContext) -> list[Check
                 if deviations:
                     verdict = Verdict.LOSSY if exact == 0.0 else Verdict.SUBOPTIMAL
                 what = "accepted although p(d) = 0" if exact == 0.0 else "rejected although p == q"
-                results.append(context.result(
-                    edge_id if tag in case.tags else "acceptance", kind=CheckKind.EXACT,
-                    verdict=verdict, statistic=float(deviations),
-                    p_value=0.0 if deviations else 1.0,
-                    min_detectable_tv=exact_check_minimum_detectable_rate(reached, context.power),
-                    wall_time_s=time.perf_counter() - began, details=details,
-                    message=f"{deviations} of {reached} drafts {what} at position {i}",
-                    **common,
-                ))
+                results.append(
+                    context.result(
+                        edge_id if tag in case.tags else "acceptance",
+                        kind=CheckKind.EXACT,
+                        verdict=verdict,
+                        statistic=float(deviations),
+                        p_value=0.0 if deviations else 1.0,
+                        min_detectable_tv=exact_check_minimum_detectable_rate(
+                            reached, context.power
+                        ),
+                        wall_time_s=time.perf_counter() - began,
+                        details=details,
+                        message=f"{deviations} of {reached} drafts {what} at position {i}",
+                        **common,
+                    )
+                )
                 continue
             test = acceptance_rate_test(accepted, reached, expected)
             verdict = Verdict.PASS
@@ -87,13 +98,20 @@ def check_acceptance(samples: ChainSamples, context: CheckContext) -> list[Check
                     f"{test.statistic:.4f} vs {expected:.4f} (p-value {test.pvalue:.3g}); "
                     f"{consequence}"
                 )
-            results.append(context.result(
-                "acceptance", kind=CheckKind.STATISTICAL, verdict=verdict,
-                statistic=test.statistic, p_value=test.pvalue,
-                min_detectable_tv=binomial_minimum_detectable_shift(
-                    reached, expected, context.alpha, context.power
-                ),
-                wall_time_s=time.perf_counter() - began, message=message,
-                details={**details, "direction": test.direction}, **common,
-            ))
+            results.append(
+                context.result(
+                    "acceptance",
+                    kind=CheckKind.STATISTICAL,
+                    verdict=verdict,
+                    statistic=test.statistic,
+                    p_value=test.pvalue,
+                    min_detectable_tv=binomial_minimum_detectable_shift(
+                        reached, expected, context.alpha, context.power
+                    ),
+                    wall_time_s=time.perf_counter() - began,
+                    message=message,
+                    details={**details, "direction": test.direction},
+                    **common,
+                )
+            )
     return results

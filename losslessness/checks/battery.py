@@ -26,7 +26,8 @@ def _tensor(rows: list[np.ndarray]) -> torch.Tensor:
 
 def _softmax(logits: np.ndarray) -> np.ndarray:
     shifted = np.exp(logits - logits.max())
-    return shifted / shifted.sum()
+    normalised: np.ndarray = shifted / shifted.sum()
+    return normalised
 
 
 def _mix(p: np.ndarray, other: np.ndarray, weight: float) -> np.ndarray:
@@ -34,7 +35,10 @@ def _mix(p: np.ndarray, other: np.ndarray, weight: float) -> np.ndarray:
 
 
 def _case(
-    case_id: str, regime: str, target: list[list[np.ndarray]], draft: list[list[np.ndarray]],
+    case_id: str,
+    regime: str,
+    target: list[list[np.ndarray]],
+    draft: list[list[np.ndarray]],
     tags: set[str],
 ) -> ChainCase:
     target_probs = torch.stack([_tensor(rows) for rows in target])
@@ -59,31 +63,43 @@ def default_chain_battery() -> list[ChainCase]:
         return rng.dirichlet(np.full(vocab, concentration))
 
     cases = []
-    cases.append(_case(
-        "v2-tilted", "dense",
-        [[np.array([0.3, 0.7]), np.array([0.6, 0.4]), np.array([0.45, 0.55])]],
-        [[np.array([0.5, 0.5]), np.array([0.2, 0.8])]],
-        {"dense"},
-    ))
-    cases.append(_case(
-        "v2-skewed", "tiny masses",
-        [[np.array([0.004, 0.996]), np.array([0.99, 0.01])]],
-        [[np.array([0.3, 0.7])]],
-        {"skewed"},
-    ))
-    cases.append(_case(
-        "v8-far", "dense, q far from p",
-        [[dirichlet(8, 1.0) for _ in range(2)]],
-        [[dirichlet(8, 1.0)]],
-        {"dense", "far"},
-    ))
+    cases.append(
+        _case(
+            "v2-tilted",
+            "dense",
+            [[np.array([0.3, 0.7]), np.array([0.6, 0.4]), np.array([0.45, 0.55])]],
+            [[np.array([0.5, 0.5]), np.array([0.2, 0.8])]],
+            {"dense"},
+        )
+    )
+    cases.append(
+        _case(
+            "v2-skewed",
+            "tiny masses",
+            [[np.array([0.004, 0.996]), np.array([0.99, 0.01])]],
+            [[np.array([0.3, 0.7])]],
+            {"skewed"},
+        )
+    )
+    cases.append(
+        _case(
+            "v8-far",
+            "dense, q far from p",
+            [[dirichlet(8, 1.0) for _ in range(2)]],
+            [[dirichlet(8, 1.0)]],
+            {"dense", "far"},
+        )
+    )
     p16 = [dirichlet(16, 2.0) for _ in range(5)]
-    cases.append(_case(
-        "v16-near-k4", "dense, q near p",
-        [p16],
-        [[_mix(p, dirichlet(16, 2.0), 0.1) for p in p16[:4]]],
-        {"dense", "near"},
-    ))
+    cases.append(
+        _case(
+            "v16-near-k4",
+            "dense, q near p",
+            [p16],
+            [[_mix(p, dirichlet(16, 2.0), 0.1) for p in p16[:4]]],
+            {"dense", "near"},
+        )
+    )
 
     def with_zeros(vocab: int, zero_share: float) -> np.ndarray:
         probs = dirichlet(vocab, 1.0)
@@ -95,7 +111,9 @@ def default_chain_battery() -> list[ChainCase]:
     q64 = []
     for p in p64[:3]:
         q = _mix(p / p.sum(), dirichlet(64, 1.0), 0.3)
-        q[rng.random(64) < 0.3] = 0.0  # zeros of q where p is positive: only the residual emits them
+        q[rng.random(64) < 0.3] = (
+            0.0  # zeros of q where p is positive: only the residual emits them
+        )
         q[int(np.argmax(p))] += 0.05
         q64.append(q)
     cases.append(_case("v64-zeros", "exact zeros in p and in q", [p64], [q64], {"zeros"}))
@@ -105,49 +123,84 @@ def default_chain_battery() -> list[ChainCase]:
         return logits, _softmax(logits / temperature)
 
     peaked_rows = [peaked(1000, 0.35) for _ in range(3)]
-    cases.append(_case(
-        "v1000-peaked", "peaked (low temperature), q a perturbed temperature",
-        [[probs for _, probs in peaked_rows]],
-        [[_softmax((logits + 0.3 * rng.standard_normal(1000)) / 0.4)
-          for logits, _ in peaked_rows[:2]]],
-        {"peaked", "near"},
-    ))
+    cases.append(
+        _case(
+            "v1000-peaked",
+            "peaked (low temperature), q a perturbed temperature",
+            [[probs for _, probs in peaked_rows]],
+            [
+                [
+                    _softmax((logits + 0.3 * rng.standard_normal(1000)) / 0.4)
+                    for logits, _ in peaked_rows[:2]
+                ]
+            ],
+            {"peaked", "near"},
+        )
+    )
     p4096 = [dirichlet(4096, 50.0) for _ in range(2)]
-    cases.append(_case(
-        "v4096-flat", "flat", [p4096], [[_mix(p4096[0], dirichlet(4096, 50.0), 0.8)]], {"flat"},
-    ))
+    cases.append(
+        _case(
+            "v4096-flat",
+            "flat",
+            [p4096],
+            [[_mix(p4096[0], dirichlet(4096, 50.0), 0.8)]],
+            {"flat"},
+        )
+    )
     mixed_target, mixed_draft = [], []
     for concentration, weight in ((2.0, 0.1), (0.5, 0.6), (1.0, 0.5)):
         ps = [dirichlet(32, concentration) for _ in range(3)]
         mixed_target.append(ps)
         mixed_draft.append([_mix(p, dirichlet(32, concentration), weight) for p in ps[:2]])
-    cases.append(_case(
-        "v32-mixed-batch", "different rows in one batch", mixed_target, mixed_draft,
-        {"mixed-batch", "near", "far"},
-    ))
+    cases.append(
+        _case(
+            "v32-mixed-batch",
+            "different rows in one batch",
+            mixed_target,
+            mixed_draft,
+            {"mixed-batch", "near", "far"},
+        )
+    )
     p300 = [dirichlet(300, 0.1), dirichlet(300, 0.1)]
-    cases.append(_case(
-        "v300-far-k1", "sparse Dirichlet(0.1), q far from p",
-        [p300], [[_mix(p300[0], dirichlet(300, 0.1), 0.6)]], {"far", "peaked"},
-    ))
+    cases.append(
+        _case(
+            "v300-far-k1",
+            "sparse Dirichlet(0.1), q far from p",
+            [p300],
+            [[_mix(p300[0], dirichlet(300, 0.1), 0.6)]],
+            {"far", "peaked"},
+        )
+    )
     half = np.concatenate([np.ones(8), np.zeros(8)])
-    cases.append(_case(
-        "edge-disjoint", "disjoint supports",
-        [[half * dirichlet(16, 1.0) for _ in range(3)]],
-        [[half[::-1] * dirichlet(16, 1.0) for _ in range(2)]],
-        {"disjoint"},
-    ))
+    cases.append(
+        _case(
+            "edge-disjoint",
+            "disjoint supports",
+            [[half * dirichlet(16, 1.0) for _ in range(3)]],
+            [[half[::-1] * dirichlet(16, 1.0) for _ in range(2)]],
+            {"disjoint"},
+        )
+    )
     hot_tokens = rng.choice(32, size=4, replace=False)
-    cases.append(_case(
-        "edge-one-hot", "one-hot p",
-        [[np.eye(32)[token] for token in hot_tokens]],
-        [[_mix(np.eye(32)[token], dirichlet(32, 1.0), 0.3) for token in hot_tokens[:3]]],
-        {"one-hot"},
-    ))
+    cases.append(
+        _case(
+            "edge-one-hot",
+            "one-hot p",
+            [[np.eye(32)[token] for token in hot_tokens]],
+            [[_mix(np.eye(32)[token], dirichlet(32, 1.0), 0.3) for token in hot_tokens[:3]]],
+            {"one-hot"},
+        )
+    )
     same = [dirichlet(32, 1.0) for _ in range(3)]
-    cases.append(_case(
-        "edge-p-equals-q", "p == q", [[*same, dirichlet(32, 1.0)]], [same], {"p-equals-q"},
-    ))
+    cases.append(
+        _case(
+            "edge-p-equals-q",
+            "p == q",
+            [[*same, dirichlet(32, 1.0)]],
+            [same],
+            {"p-equals-q"},
+        )
+    )
     return cases
 
 
@@ -164,8 +217,12 @@ def default_greedy_battery() -> list[GreedyCase]:
     rng = np.random.default_rng(BATTERY_SEED + 1)
     cases = []
     for vocab, k, regime in (
-        (2, 1, "random"), (50, 4, "random"), (4096, 2, "random"),
-        (8, 3, "ties"), (300, 4, "ties"), (64, 2, "masked"),
+        (2, 1, "random"),
+        (50, 4, "random"),
+        (4096, 2, "random"),
+        (8, 3, "ties"),
+        (300, 4, "ties"),
+        (64, 2, "masked"),
     ):
         batch = 256
         if regime == "ties":
@@ -186,11 +243,13 @@ def default_greedy_battery() -> list[GreedyCase]:
                 tied = np.flatnonzero(logits[b, i] == best[b, i, 0])
                 if len(tied) > 1:
                     drafts[b, i] = rng.choice(tied[1:])
-        cases.append(GreedyCase(
-            f"greedy-v{vocab}-{regime}",
-            f"V={vocab} k={k} {regime} logits, B={batch}",
-            torch.from_numpy(logits),
-            torch.from_numpy(drafts.astype(np.int64)),
-            frozenset({regime}),
-        ))
+        cases.append(
+            GreedyCase(
+                f"greedy-v{vocab}-{regime}",
+                f"V={vocab} k={k} {regime} logits, B={batch}",
+                torch.from_numpy(logits),
+                torch.from_numpy(drafts.astype(np.int64)),
+                frozenset({regime}),
+            )
+        )
     return cases

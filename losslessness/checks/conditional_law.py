@@ -49,12 +49,17 @@ def check_conditional_laws(samples: ChainSamples, context: CheckContext) -> list
             common = {"position": i, "row": r, "n": int(tokens.size)}
             details = {"n_rows": case.n_rows, "reach_probability": float(laws.reach[i])}
             if not is_reachable(laws, i):
-                results.append(context.result(
-                    check_id, kind=CheckKind.EXACT, verdict=Verdict.SKIPPED,
-                    min_detectable_tv=float("inf"), details=details,
-                    message="unreachable: P(reach) = 0 (the acceptance check covers it)",
-                    **common,
-                ))
+                results.append(
+                    context.result(
+                        check_id,
+                        kind=CheckKind.EXACT,
+                        verdict=Verdict.SKIPPED,
+                        min_detectable_tv=float("inf"),
+                        details=details,
+                        message="unreachable: P(reach) = 0 (the acceptance check covers it)",
+                        **common,
+                    )
+                )
                 continue
             in_vocab = (tokens >= 0) & (tokens < case.vocab_size)
             out_of_vocab = int((~in_vocab).sum())
@@ -65,8 +70,12 @@ def check_conditional_laws(samples: ChainSamples, context: CheckContext) -> list
                 min_tv = bound.minimum_detectable_tv
             else:
                 min_tv = exact_check_minimum_detectable_rate(test.n, context.power)
-            details.update(pooled_cells=test.pooled_cells, pooled_mass=test.pooled_mass,
-                           zero_mass_count=test.zero_mass_count, out_of_vocab=out_of_vocab)
+            details.update(
+                pooled_cells=test.pooled_cells,
+                pooled_mass=test.pooled_mass,
+                zero_mass_count=test.zero_mass_count,
+                out_of_vocab=out_of_vocab,
+            )
             if impossible:
                 verdict = Verdict.LOSSY
                 shown = list(test.zero_mass_tokens[:5])
@@ -87,12 +96,21 @@ def check_conditional_laws(samples: ChainSamples, context: CheckContext) -> list
             else:
                 verdict = Verdict.PASS
                 message = f"emitted token at position {i} ~ p_{i}"
-            results.append(context.result(
-                check_id, kind=kind, verdict=verdict, min_detectable_tv=min_tv,
-                statistic=test.statistic if statistical else float(impossible),
-                df=test.df if statistical else None,
-                p_value=test.pvalue if statistical and not impossible else float(not impossible),
-                wall_time_s=time.perf_counter() - began, message=message, details=details,
-                **common,
-            ))
+            results.append(
+                context.result(
+                    check_id,
+                    kind=kind,
+                    verdict=verdict,
+                    min_detectable_tv=min_tv,
+                    statistic=test.statistic if statistical else float(impossible),
+                    df=test.df if statistical else None,
+                    p_value=test.pvalue
+                    if statistical and not impossible
+                    else float(not impossible),
+                    wall_time_s=time.perf_counter() - began,
+                    message=message,
+                    details=details,
+                    **common,
+                )
+            )
     return results

@@ -38,9 +38,15 @@ def check_greedy(verifier: GreedyVerifier, case: GreedyCase, context: CheckConte
         )
     except ProtocolViolation as violation:
         return context.result(
-            "greedy", kind=CheckKind.EXACT, n=batch, verdict=Verdict.LOSSY, statistic=None,
-            p_value=0.0, min_detectable_tv=exact_check_minimum_detectable_rate(batch, context.power),
-            wall_time_s=time.perf_counter() - began, message=f"malformed output: {violation}",
+            "greedy",
+            kind=CheckKind.EXACT,
+            n=batch,
+            verdict=Verdict.LOSSY,
+            statistic=None,
+            p_value=0.0,
+            min_detectable_tv=exact_check_minimum_detectable_rate(batch, context.power),
+            wall_time_s=time.perf_counter() - began,
+            message=f"malformed output: {violation}",
         )
     differs = (got != expected).any(axis=1)
     n_bad = int(differs.sum())
@@ -56,8 +62,13 @@ def check_greedy(verifier: GreedyVerifier, case: GreedyCase, context: CheckConte
             f"{got[b].tolist()}{f' ({tied}-way tie at the maximum)' if tied > 1 else ''}"
         )
     return context.result(
-        "greedy", kind=CheckKind.EXACT, n=batch, verdict=Verdict.LOSSY if n_bad else Verdict.PASS,
-        statistic=float(n_bad), p_value=0.0 if n_bad else 1.0,
+        "greedy",
+        kind=CheckKind.EXACT,
+        n=batch,
+        verdict=Verdict.LOSSY if n_bad else Verdict.PASS,
+        statistic=float(n_bad),
+        p_value=0.0 if n_bad else 1.0,
         min_detectable_tv=exact_check_minimum_detectable_rate(batch, context.power),
-        wall_time_s=time.perf_counter() - began, message=message,
+        wall_time_s=time.perf_counter() - began,
+        message=message,
     )

@@ -78,9 +78,7 @@ class CasePlan:
     capped: bool
 
 
-def plan_case(
-    case: ChainCase, tv: float, alpha: float, power: float, max_steps: int
-) -> CasePlan:
+def plan_case(case: ChainCase, tv: float, alpha: float, power: float, max_steps: int) -> CasePlan:
     """Steps needed so that every identity test of ``case`` detects TV >= ``tv``.
 
     Position i of row r is reached with probability ``reach[r, i]``, so it needs about
@@ -105,12 +103,9 @@ def plan_case(
         for i in range(case.k + 1):
             if not law_is_statistical(laws, i):
                 continue
-            plan = plan_identity_test(
-                laws.emitted[i].numpy(), tv, alpha, power, max_n=max_steps
-            )
+            plan = plan_identity_test(laws.emitted[i].numpy(), tv, alpha, power, max_n=max_steps)
             reach = float(laws.reach[i])
             # The count reaching position i is Binomial(steps, reach); three standard
             # deviations of head-room keep it at or above plan.n in all but ~0.1% of runs.
             needed = max(needed, math.ceil((plan.n + 3 * math.sqrt(plan.n * (1 - reach))) / reach))
     return CasePlan(min(needed, max_steps), needed, needed > max_steps)
-

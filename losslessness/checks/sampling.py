@@ -60,7 +60,7 @@ def coerce_output(value: object, batch: int, k: int) -> np.ndarray:
     """
     try:
         array = np.asarray(value.cpu() if isinstance(value, torch.Tensor) else value)
-    except Exception as error:  # noqa: BLE001 - any unconvertible return is a protocol violation
+    except Exception as error:
         raise ProtocolViolation(f"output is not array-like: {error}") from error
     if array.shape != (batch, k + 1):
         raise ProtocolViolation(

@@ -26,7 +26,8 @@ def emitted_counts(outputs: np.ndarray) -> np.ndarray:
     Returns:
         ``[...]`` int64 in ``[0, k+1]``.
     """
-    return np.cumprod(outputs != PLACEHOLDER, axis=-1).sum(axis=-1)
+    counts: np.ndarray = np.cumprod(outputs != PLACEHOLDER, axis=-1).sum(axis=-1)
+    return counts
 
 
 def check_structure(samples: ChainSamples, context: CheckContext) -> CheckResult:
@@ -64,7 +65,9 @@ def check_structure(samples: ChainSamples, context: CheckContext) -> CheckResult
     n_bad = int(violating.sum())
     message = "every row: ids in range, left-aligned, 1..k+1 tokens, accepted prefix == drafts"
     if n_bad:
-        kinds = [f"{name} ({int(mask.sum())} rows)" for name, mask in problems.items() if mask.any()]
+        kinds = [
+            f"{name} ({int(mask.sum())} rows)" for name, mask in problems.items() if mask.any()
+        ]
         r, step = (int(x) for x in np.argwhere(violating)[0])
         message = (
             f"{n_bad} of {n} rows malformed: {'; '.join(kinds)}. First: row type {r}, step "

@@ -111,7 +111,10 @@ def chain_laws(target_probs: torch.Tensor, draft_probs: torch.Tensor) -> ChainLa
             f"target_probs/draft_probs: expected [k+1, V] and [k, V], got "
             f"{tuple(target_probs.shape)} and {tuple(draft_probs.shape)}"
         )
-    if draft_probs.shape[0] + 1 != target_probs.shape[0] or draft_probs.shape[1] != target_probs.shape[1]:
+    if (
+        draft_probs.shape[0] + 1 != target_probs.shape[0]
+        or draft_probs.shape[1] != target_probs.shape[1]
+    ):
         raise ValueError(
             f"draft_probs: shape {tuple(draft_probs.shape)} does not fit target_probs "
             f"{tuple(target_probs.shape)} (expected [k, V] with k+1 target rows)"
@@ -130,5 +133,7 @@ def chain_laws(target_probs: torch.Tensor, draft_probs: torch.Tensor) -> ChainLa
         reach=reach,
         accepted_length=reach * stop,
         residual=residual_distribution(p[:k], q),
-        accepted_token=torch.where(acceptance.unsqueeze(1) > 0, overlap / safe, torch.zeros_like(overlap)),
+        accepted_token=torch.where(
+            acceptance.unsqueeze(1) > 0, overlap / safe, torch.zeros_like(overlap)
+        ),
     )
