@@ -150,11 +150,14 @@ def validate_probability_rows(name: str, probs: torch.Tensor) -> None:
         )
 
 
+_NOT_GIVEN = object()
+
+
 def validate_chain_inputs(
     target_probs: object,
     draft_probs: object,
     draft_token_ids: object,
-    generator: object | None = None,
+    generator: object = _NOT_GIVEN,
 ) -> tuple[int, int, int]:
     """Validate the arguments of a chain verifier call (DESIGN.md section 3).
 
@@ -164,7 +167,8 @@ def validate_chain_inputs(
         draft_token_ids: ``[B, k]`` integer tensor with ids in ``[0, V)`` and
             ``draft_probs[b, i, draft_token_ids[b, i]] > 0`` (a draft cannot have been drawn
             from q where q is 0).
-        generator: a ``torch.Generator``, or None to skip that check.
+        generator: must be a ``torch.Generator`` when given (None is an error); leave it out
+            for calls that take no generator.
 
     Returns:
         ``(B, k, V)``.
@@ -221,7 +225,7 @@ def validate_chain_inputs(
                 f"token {int(ids[tuple(where)])} at {where} has draft probability 0, "
                 "so it cannot have been sampled from draft_probs",
             )
-    if generator is not None and not isinstance(generator, torch.Generator):
+    if generator is not _NOT_GIVEN and not isinstance(generator, torch.Generator):
         raise InvalidInputError(
             "generator", f"expected a torch.Generator, got {type(generator).__name__}"
         )

@@ -30,8 +30,11 @@ def residual_distribution(target_probs: torch.Tensor, draft_probs: torch.Tensor)
     """
     p = target_probs.to(torch.float64)
     residual = (p - draft_probs.to(torch.float64)).clamp_(min=0.0)
-    mass = residual.sum(dim=-1, keepdim=True)
-    return torch.where(mass > 0, residual / mass.clamp(min=torch.finfo(torch.float64).tiny), p)
+    # Scaling by the row maximum first keeps subnormal residual masses exact to normalise.
+    peak = residual.amax(dim=-1, keepdim=True)
+    positive = peak > 0
+    scaled = residual / torch.where(positive, peak, 1.0)
+    return torch.where(positive, scaled / scaled.sum(dim=-1, keepdim=True), p)
 
 
 def acceptance_probability(target_probs: torch.Tensor, draft_probs: torch.Tensor) -> torch.Tensor:
