@@ -85,8 +85,8 @@ def default_chain_battery() -> list[ChainCase]:
         _case(
             "v8-far",
             "dense, q far from p",
-            [[dirichlet(8, 1.0) for _ in range(2)]],
-            [[dirichlet(8, 1.0)]],
+            [[dirichlet(8, 2.0) for _ in range(2)]],
+            [[dirichlet(8, 2.0)]],
             {"dense", "far"},
         )
     )
@@ -122,7 +122,9 @@ def default_chain_battery() -> list[ChainCase]:
         logits = rng.standard_normal(vocab)
         return logits, _softmax(logits / temperature)
 
-    peaked_rows = [peaked(1000, 0.35) for _ in range(3)]
+    # Temperature 0.25: the top token holds most of the mass and thousands of tokens sit below
+    # 1e-3; the draft is the same logits, perturbed, at a slightly higher temperature.
+    peaked_rows = [peaked(1000, 0.25) for _ in range(3)]
     cases.append(
         _case(
             "v1000-peaked",
@@ -130,20 +132,20 @@ def default_chain_battery() -> list[ChainCase]:
             [[probs for _, probs in peaked_rows]],
             [
                 [
-                    _softmax((logits + 0.3 * rng.standard_normal(1000)) / 0.4)
+                    _softmax((logits + 0.1 * rng.standard_normal(1000)) / 0.27)
                     for logits, _ in peaked_rows[:2]
                 ]
             ],
             {"peaked", "near"},
         )
     )
-    p4096 = [dirichlet(4096, 50.0) for _ in range(2)]
+    p4096 = [dirichlet(4096, 200.0) for _ in range(2)]
     cases.append(
         _case(
             "v4096-flat",
             "flat",
             [p4096],
-            [[_mix(p4096[0], dirichlet(4096, 50.0), 0.8)]],
+            [[_mix(p4096[0], dirichlet(4096, 200.0), 0.8)]],
             {"flat"},
         )
     )

@@ -9,6 +9,7 @@ by more than about 0.05 makes them fail.
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 
@@ -39,10 +40,10 @@ def test_chi_square_power_increases_with_n_and_tv() -> None:
     for df in (1, 15, 500):
         for tv in distances:
             powers = [chi_square_power(n, tv, df, 1e-3) for n in sizes]
-            assert all(a < b or a == b == 1.0 for a, b in zip(powers, powers[1:], strict=False))
+            assert all(a < b or a == b == 1.0 for a, b in itertools.pairwise(powers))
         for n in sizes:
             powers = [chi_square_power(n, tv, df, 1e-3) for tv in distances]
-            assert all(a < b or a == b == 1.0 for a, b in zip(powers, powers[1:], strict=False))
+            assert all(a < b or a == b == 1.0 for a, b in itertools.pairwise(powers))
 
 
 def test_chi_square_power_edge_cases() -> None:
@@ -78,8 +79,8 @@ def test_sample_size_round_trips(tv: float, df: int) -> None:
     n = chi_square_sample_size(tv, df, 1e-3, 0.9)
     assert chi_square_power(n, tv, df, 1e-3) >= 0.9
     assert chi_square_power(n - 1, tv, df, 1e-3) < 0.9
-    assert minimum_detectable_tv(n, df, 1e-3, 0.9) <= tv < minimum_detectable_tv(
-        n - 1, df, 1e-3, 0.9
+    assert (
+        minimum_detectable_tv(n, df, 1e-3, 0.9) <= tv < minimum_detectable_tv(n - 1, df, 1e-3, 0.9)
     )
 
 
@@ -148,9 +149,10 @@ def test_plan_stops_at_max_n_and_says_so() -> None:
     capped = plan_identity_test(probs, 0.01, 1e-3, 0.9, max_n=1000)
     assert capped.capped and capped.n == 1000
     assert capped.minimum_detectable_tv > 0.01
-    assert capped.minimum_detectable_tv == identity_minimum_detectable_tv(
-        probs, 1000, 1e-3, 0.9
-    ).minimum_detectable_tv
+    assert (
+        capped.minimum_detectable_tv
+        == identity_minimum_detectable_tv(probs, 1000, 1e-3, 0.9).minimum_detectable_tv
+    )
     free = plan_identity_test(probs, 0.05, 1e-3, 0.9)
     roomy = plan_identity_test(probs, 0.05, 1e-3, 0.9, max_n=10**9)
     assert roomy == free
@@ -197,7 +199,9 @@ def test_binomial_shift_power_is_exact_not_simulated() -> None:
 
     def power(true_rate: float) -> float:
         outcomes = np.arange(n + 1)
-        rejects = np.array([acceptance_rate_test(int(k), n, rate).pvalue <= alpha for k in outcomes])
+        rejects = np.array(
+            [acceptance_rate_test(int(k), n, rate).pvalue <= alpha for k in outcomes]
+        )
         return float(scipy.stats.binom.pmf(outcomes[rejects], n, true_rate).sum())
 
     assert min(power(rate + shift), power(rate - shift)) == pytest.approx(0.8, abs=1e-6)
@@ -231,7 +235,9 @@ def test_identity_test_detects_an_alternative_at_the_minimum_detectable_tv() -> 
     The alternative spreads the change in proportion to p (q = p(1 + 2 tv) on one half of the
     cells, p(1 - 2 tv) on the other, halves of equal mass), which makes Cohen's w exactly 2 TV:
     the least detectable shape for its TV, so the promised power 0.9 is the real target.
-    Detection must be >= 0.85 over 4000 draws (standard error 0.005)."""
+    Detection must be >= 0.85 over 4000 draws (standard error 0.005); it must also stay <= 0.95,
+    since for this shape the bound is tight and a much higher rate means the stated minimum
+    detectable TV is needlessly pessimistic (e.g. w = tv instead of 2 tv)."""
     size, n, alpha = 16, 2000, 1e-3
     probs = np.full(size, 1 / size)
     _, df, pooled_mass = pooling_partition(probs, n, EXPECTED_COUNT_FLOOR)
@@ -244,7 +250,7 @@ def test_identity_test_detects_an_alternative_at_the_minimum_detectable_tv() -> 
     samples = np.random.default_rng(2024).multinomial(n, alternative, size=4000)
     detected = np.mean([identity_test(row, probs).pvalue <= alpha for row in samples])
     print(f"tv={tv:.4f}: measured power {detected:.3f} (promised 0.9)")
-    assert detected >= 0.85
+    assert 0.85 <= detected <= 0.95
 
 
 @pytest.mark.parametrize(
