@@ -9,6 +9,7 @@ is recorded as ERROR for that case's checks and the audit goes on.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import platform
 import sys
@@ -25,6 +26,7 @@ import torch
 import losslessness
 from losslessness.adapters.base import Adapter
 from losslessness.checks import (
+    CHAIN_CHECK_IDS,
     CasePlan,
     ChainCase,
     CheckContext,
@@ -235,15 +237,7 @@ def _select_cases(config: AuditConfig) -> tuple[list[ChainCase], list[GreedyCase
             raise ValueError(f"cases: unknown case ids {unknown}; known: {sorted(known)}")
         chain = [case for case in chain if case.case_id in config.cases]
         greedy = [case for case in greedy if case.case_id in config.cases]
-    chain_checks = (
-        "structure",
-        "law",
-        "acceptance",
-        "edge.disjoint",
-        "edge.one-hot",
-        "edge.p-equals-q",
-    )
-    if not any(config.selects(check_id) for check_id in chain_checks):
+    if not any(config.selects(check_id) for check_id in CHAIN_CHECK_IDS):
         chain = []
     if not config.selects("greedy"):
         greedy = []
@@ -359,17 +353,7 @@ def _audit_chain_case(
     totals.verify_steps += plan.n_steps * case.n_rows
     totals.verifier_calls += samples.calls
     totals.verifier_time_s += samples.verifier_time_s
-    context = CheckContext(
-        adapter.name,
-        case.case_id,
-        case.summary,
-        case.case_hash,
-        budget.per_assertion_alpha,
-        config.power,
-        config.tv,
-        seed,
-        samples.wall_time_s,
-    )
+    context = dataclasses.replace(context, sampling_time_s=samples.wall_time_s)
     results = [check_structure(samples, context)]
     results += check_conditional_laws(samples, context)
     results += check_acceptance(samples, context)
