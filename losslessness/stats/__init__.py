@@ -11,6 +11,7 @@ from losslessness.stats.identity import (
     EXPECTED_COUNT_FLOOR,
     IdentityTestResult,
     identity_test,
+    identity_test_pvalues,
     pooling_partition,
 )
 from losslessness.stats.power import (
@@ -38,6 +39,7 @@ __all__ = [
     "exact_check_minimum_detectable_rate",
     "identity_minimum_detectable_tv",
     "identity_test",
+    "identity_test_pvalues",
     "minimum_detectable_tv",
     "plan_identity_test",
     "pooling_partition",

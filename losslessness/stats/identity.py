@@ -40,6 +40,7 @@ __all__ = [
     "PROBS_SUM_TOLERANCE",
     "IdentityTestResult",
     "identity_test",
+    "identity_test_pvalues",
     "pooling_partition",
 ]
 
@@ -346,12 +347,7 @@ def identity_test(
             zero_mass_tokens=zero_mass_tokens,
         )
 
-    kept = (p > 0) & ~pooled
-    cell_obs = observed[kept].astype(np.float64)
-    cell_probs = p[kept]
-    if n_pooled:
-        cell_obs = np.append(cell_obs, float(observed[pooled].sum()))
-        cell_probs = np.append(cell_probs, pooled_mass)
+    cell_obs, cell_probs = _cells(observed, p, pooled)
     cell_exp = cell_probs * (n_positive / float(cell_probs.sum()))
     result = scipy.stats.power_divergence(cell_obs, cell_exp, lambda_="cressie-read")
     return IdentityTestResult(
@@ -366,3 +362,58 @@ def identity_test(
         zero_mass_count=zero_mass_count,
         zero_mass_tokens=zero_mass_tokens,
     )
+
+
+def _cells(
+    counts: NDArray[np.int64], probs: NDArray[np.float64], pooled: NDArray[np.bool_]
+) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """Counts ``[..., C]`` and null probabilities ``[C]`` of the cells the chi-square compares:
+    every positive unpooled cell, then the pooled cell when there is one."""
+    kept = (probs > 0) & ~pooled
+    observed = counts[..., kept].astype(np.float64)
+    cell_probs = probs[kept]
+    if pooled.any():
+        merged = counts[..., pooled].sum(axis=-1, keepdims=True).astype(np.float64)
+        observed = np.concatenate([observed, merged], axis=-1)
+        cell_probs = np.append(cell_probs, probs[pooled].sum())
+    return observed, cell_probs
+
+
+def identity_test_pvalues(
+    counts: ArrayLike, probs: ArrayLike, *, expected_floor: float = EXPECTED_COUNT_FLOOR
+) -> NDArray[np.float64]:
+    """Chi-square p-values of :func:`identity_test` for many replicates at once (calibration).
+
+    Args:
+        counts: ``[R, V]`` non-negative integers, every row with the same total ``n`` and no
+            observation on a zero-probability cell (samples drawn from ``probs`` itself).
+        probs: ``[V]`` float64 summing to 1 within 1e-6.
+        expected_floor: the pooling floor, as in :func:`identity_test`.
+
+    Returns:
+        ``[R]`` float64: row r's value equals ``identity_test(counts[r], probs).pvalue``
+        (all ones when the partition has one cell).
+
+    Raises:
+        ValueError: naming ``counts`` or ``probs``: not 2-D / 1-D, a width mismatch, rows with
+            different totals, or observations on zero-probability cells.
+    """
+    observed = np.asarray(counts)
+    p = as_probs(probs)
+    if observed.ndim != 2 or observed.shape[1] != p.shape[0]:
+        raise ValueError(f"counts: expected shape [R, {p.shape[0]}], got {observed.shape}")
+    totals = observed.sum(axis=1)
+    if totals.size and (totals != totals[0]).any():
+        raise ValueError("counts: every row must have the same total n")
+    if (observed[:, p == 0] > 0).any():
+        raise ValueError("counts: observations on zero-probability cells")
+    n = int(totals[0]) if totals.size else 0
+    pooled, df, _ = _pooling_partition(p, n, _check_expected_floor(expected_floor))
+    if df == 0:
+        return np.ones(observed.shape[0])
+    cell_obs, cell_probs = _cells(observed, p, pooled)
+    expected = n * cell_probs / cell_probs.sum()
+    result = scipy.stats.power_divergence(
+        cell_obs, expected[None, :], axis=1, lambda_="cressie-read"
+    )
+    return np.asarray(result.pvalue, dtype=np.float64)

@@ -26,7 +26,11 @@ import scipy.special
 import scipy.stats
 from numpy.typing import NDArray
 
-from losslessness.stats import EXPECTED_COUNT_FLOOR, identity_test, pooling_partition
+from losslessness.stats import (
+    EXPECTED_COUNT_FLOOR,
+    identity_test,
+    identity_test_pvalues,
+)
 
 ASSERTION_LEVEL = 1e-3
 """Level of each calibration assertion (6 assertions: module false-failure rate <= 6e-3)."""
@@ -41,26 +45,12 @@ def _null_pvalues(
     """identity_test p-values of ``replicates`` multinomial(n, probs) samples; all from the null.
 
     Calling identity_test once per replicate costs ~0.3 ms of scipy argument handling, too slow
-    for 10^5 replicates in CI, so the p-values are computed in one batch from the same partition
-    (``pooling_partition``) and the same scipy call (``power_divergence`` along axis 1), and the
-    first :data:`CROSS_CHECKED` replicates are checked against identity_test itself.
+    for 10^5 replicates in CI, so the p-values come in one batch from
+    :func:`identity_test_pvalues`, and the first :data:`CROSS_CHECKED` replicates are checked
+    against identity_test itself.
     """
     samples = np.random.default_rng(seed).multinomial(n, probs, size=replicates)
-    pooled, df, pooled_mass = pooling_partition(probs, n, EXPECTED_COUNT_FLOOR)
-    if df == 0:
-        pvalues = np.ones(replicates)
-    else:
-        kept = (probs > 0) & ~pooled
-        cells = samples[:, kept]
-        cell_probs = probs[kept]
-        if pooled.any():
-            cells = np.concatenate([cells, samples[:, pooled].sum(axis=1, keepdims=True)], axis=1)
-            cell_probs = np.append(cell_probs, pooled_mass)
-        expected = n * cell_probs / cell_probs.sum()
-        batch = scipy.stats.power_divergence(
-            cells.astype(np.float64), expected[None, :], axis=1, lambda_="cressie-read"
-        )
-        pvalues = np.asarray(batch.pvalue, dtype=np.float64)
+    pvalues = identity_test_pvalues(samples, probs)
     for row in range(min(CROSS_CHECKED, replicates)):
         result = identity_test(samples[row], probs)
         assert result.zero_mass_count == 0

@@ -13,6 +13,7 @@ from losslessness.stats import (
     EXPECTED_COUNT_FLOOR,
     IdentityTestResult,
     identity_test,
+    identity_test_pvalues,
     pooling_partition,
 )
 
@@ -203,3 +204,14 @@ def test_pooling_partition_rejects_invalid_n(n: object) -> None:
     """n must be a non-negative integer (bools and floats are bugs, not sample sizes)."""
     with pytest.raises(ValueError, match="n: must be a non-negative integer"):
         pooling_partition([0.5, 0.5], n, 5.0)  # type: ignore[arg-type]
+
+
+def test_batched_pvalues_reject_rows_with_different_totals_or_impossible_cells() -> None:
+    """identity_test_pvalues is only valid for equal-n null replicates: it says so otherwise."""
+    probs = np.array([0.5, 0.5, 0.0])
+    with pytest.raises(ValueError, match="same total"):
+        identity_test_pvalues(np.array([[3, 2, 0], [1, 1, 0]]), probs)
+    with pytest.raises(ValueError, match="zero-probability"):
+        identity_test_pvalues(np.array([[3, 1, 1]]), probs)
+    with pytest.raises(ValueError, match="counts"):
+        identity_test_pvalues(np.array([3, 2, 0]), probs)
