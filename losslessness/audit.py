@@ -38,6 +38,7 @@ from losslessness.checks import (
     check_acceptance,
     check_conditional_laws,
     check_greedy,
+    check_row_independence,
     check_structure,
     count_statistical_assertions,
     default_chain_battery,
@@ -45,7 +46,6 @@ from losslessness.checks import (
     plan_case,
     sample_chain,
 )
-from losslessness.checks.planning import acceptance_is_statistical, case_laws, law_is_statistical
 from losslessness.seeding import derive_seed
 from losslessness.stats import DEFAULT_FAMILY_WISE_ALPHA, ErrorBudget
 
@@ -207,18 +207,6 @@ def _environment() -> dict[str, str]:
     return environment
 
 
-def _selected_assertions(case: ChainCase, config: AuditConfig) -> int:
-    if not config.only:
-        return count_statistical_assertions(case)
-    total = 0
-    for laws in case_laws(case):
-        if config.selects("law"):
-            total += sum(law_is_statistical(laws, i) for i in range(case.k + 1))
-        if config.selects("acceptance"):
-            total += sum(acceptance_is_statistical(laws, i) for i in range(case.k))
-    return total
-
-
 @dataclass
 class _Plan:
     chain_cases: list[ChainCase]
@@ -252,7 +240,12 @@ def plan_audit(adapters: Sequence[Adapter], config: AuditConfig) -> _Plan:
     """
     chain, greedy = _select_cases(config)
     chain_targets = sum(adapter.chain is not None for adapter in adapters)
-    n_assertions = chain_targets * sum(_selected_assertions(case, config) for case in chain)
+    selected = tuple(
+        check_id for check_id in ("law", "acceptance", "independence") if config.selects(check_id)
+    )
+    n_assertions = chain_targets * sum(
+        count_statistical_assertions(case, selected) for case in chain if selected
+    )
     budget = ErrorBudget(max(1, n_assertions), config.family_wise_alpha)
     plans = {}
     for case in chain if chain_targets else []:
@@ -330,7 +323,9 @@ def _audit_chain_case(
         seed,
     )
     selected = [
-        check_id for check_id in ("structure", "law", "acceptance") if config.selects(check_id)
+        check_id
+        for check_id in ("structure", "law", "acceptance", "independence")
+        if config.selects(check_id)
     ]
     try:
         samples = sample_chain(
@@ -357,6 +352,7 @@ def _audit_chain_case(
     results = [check_structure(samples, context)]
     results += check_conditional_laws(samples, context)
     results += check_acceptance(samples, context)
+    results += check_row_independence(samples, context)
     for result in results:
         result.details["steps"] = plan.n_steps
         result.details["capped"] = plan.capped

@@ -43,6 +43,7 @@ def lossy_checks(record: dict) -> set[tuple[str, int | None]]:  # type: ignore[t
         ("bonus_from_wrong_row", "law"),
         ("ratio_inverted", "law"),
         ("acceptance_never_stops", "law"),
+        ("shared_random_stream", "independence"),
     ],
 )
 def test_wrong_verifier_is_caught_at_default_settings_and_exits_1(

@@ -18,6 +18,7 @@ from losslessness.checks import (
     Verdict,
     check_acceptance,
     check_conditional_laws,
+    check_row_independence,
     check_structure,
     sample_chain,
 )
@@ -124,3 +125,21 @@ def test_case_rejects_invalid_tensors() -> None:
     """A ChainCase validates its tensors like a verifier call would."""
     with pytest.raises(ValueError, match="target_probs"):
         ChainCase("bad", "", P * 2, Q)
+
+
+def test_independence_flags_paired_rows_that_copy_each_other() -> None:
+    """Identical rows of one call that emit the same first token (shared randomness) make
+    ``independence`` LOSSY; the clean samples pass it."""
+    case = ChainCase(
+        "dense",
+        "V=6 k=1",
+        torch.full((1, 2, 6), 1 / 6, dtype=torch.float64),
+        torch.full((1, 1, 6), 1 / 6, dtype=torch.float64),
+    )
+    samples = sample_chain(verify, case, 4000, seed=9)
+    (clean,) = check_row_independence(samples, CONTEXT)
+    assert clean.verdict is Verdict.PASS
+    copied = samples.outputs.copy()
+    copied[0, 1::2] = copied[0, 0::2]
+    (result,) = check_row_independence(with_outputs(samples, copied), CONTEXT)
+    assert result.verdict is Verdict.LOSSY and "dependent" in result.message

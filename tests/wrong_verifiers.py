@@ -15,6 +15,7 @@ from losslessness.reference import (
     emitted_tokens,
     residual_distribution,
     sample_inverse_cdf,
+    verify_with_uniforms,
 )
 
 
@@ -28,10 +29,15 @@ def _chain(
     count_all_accepts: bool = False,
     residual_is_target: bool = False,
     bonus_row_offset: int = 0,
+    target_floor: float | None = None,
+    residual_top: int | None = None,
 ) -> torch.Tensor:
     """The reference chain verifier with optional single-step defects (float64)."""
     batch, k, _ = validate_chain_inputs(target_probs, draft_probs, draft_token_ids, generator)
     p = target_probs.to(torch.float64)
+    if target_floor is not None:
+        p = torch.where(p > 0, p.clamp(min=target_floor), p)
+        p = p / p.sum(dim=-1, keepdim=True)
     q = draft_probs.to(torch.float64)
     ids = draft_token_ids.to(torch.int64)
     u = torch.rand((batch, k), generator=generator, dtype=torch.float64)
@@ -46,9 +52,11 @@ def _chain(
     law = p_final
     if k > 0 and not residual_is_target:
         q_final = q[rows, n_accepted.clamp(max=k - 1)]
-        law = torch.where(
-            (n_accepted < k).unsqueeze(1), residual_distribution(p_final, q_final), p_final
-        )
+        residual = residual_distribution(p_final, q_final)
+        if residual_top is not None and residual.shape[-1] > residual_top:
+            kth = residual.topk(residual_top, dim=-1).values[:, -1:]
+            residual = torch.where(residual >= kth, residual, 0.0)
+        law = torch.where((n_accepted < k).unsqueeze(1), residual, p_final)
     final = sample_inverse_cdf(law, torch.rand(batch, generator=generator, dtype=torch.float64))
     return emitted_tokens(ids, n_accepted, final)
 
@@ -158,3 +166,44 @@ def drops_placeholder(
     """WRONG (structure): returns only the emitted tokens of the first row, not [B, k+1]."""
     out = _chain(target_probs, draft_probs, draft_token_ids, generator)
     return out[0][out[0] != -1]
+
+
+def shared_random_stream(
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    generator: torch.Generator,
+) -> torch.Tensor:
+    """WRONG (independence): one random stream for the whole batch, as when every request of a
+    batch reads the same seeded uniforms (TensorRT-LLM issue 19487's mechanism). Each row alone
+    follows p exactly; identical rows of one batch are strongly dependent."""
+    batch, k, _ = validate_chain_inputs(target_probs, draft_probs, draft_token_ids, generator)
+    accept = torch.rand((1, k), generator=generator, dtype=torch.float64).expand(batch, k)
+    sample = torch.rand((1,), generator=generator, dtype=torch.float64).expand(batch)
+    return verify_with_uniforms(
+        target_probs, draft_probs, draft_token_ids, accept.contiguous(), sample.contiguous()
+    )
+
+
+def clamp_target_at_floor(
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    generator: torch.Generator,
+) -> torch.Tensor:
+    """WRONG only on peaked or tiny-mass targets: raises every positive target mass to at least
+    1e-3 and renormalises (a "numerical safety" floor, like vLLM PR 13933's clamp of the
+    residual). Exact on any p whose positive masses are all >= 1e-3."""
+    return _chain(target_probs, draft_probs, draft_token_ids, generator, target_floor=1e-3)
+
+
+def residual_truncated_to_top16(
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    generator: torch.Generator,
+) -> torch.Tensor:
+    """WRONG only when the residual spreads over more than 16 tokens (so only for V > 16):
+    after a rejection, samples from the 16 largest residual masses only, as a top-k-limited
+    kernel would. Exact for V <= 16."""
+    return _chain(target_probs, draft_probs, draft_token_ids, generator, residual_top=16)

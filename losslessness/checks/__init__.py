@@ -1,4 +1,5 @@
-"""The battery: one module per property (structure, conditional laws, acceptance, greedy).
+"""The battery: one module per property (structure, conditional laws, acceptance,
+independence of identical rows, greedy).
 
 Checks consume samples and exact laws and produce :class:`CheckResult` records; they never
 decide which samples to draw (``sampling``) or how many (``planning``).
@@ -9,6 +10,7 @@ from losslessness.checks.battery import BATTERY_SEED, default_chain_battery, def
 from losslessness.checks.cases import ChainCase, GreedyCase
 from losslessness.checks.conditional_law import check_conditional_laws
 from losslessness.checks.greedy import check_greedy
+from losslessness.checks.independence import check_row_independence
 from losslessness.checks.planning import CasePlan, count_statistical_assertions, plan_case
 from losslessness.checks.result import CheckContext, CheckKind, CheckResult, Verdict
 from losslessness.checks.sampling import ChainSamples, ProtocolViolation, sample_chain
@@ -18,6 +20,7 @@ CHAIN_CHECK_IDS = (
     "structure",
     "law",
     "acceptance",
+    "independence",
     "edge.disjoint",
     "edge.one-hot",
     "edge.p-equals-q",
@@ -43,6 +46,7 @@ __all__ = [
     "check_acceptance",
     "check_conditional_laws",
     "check_greedy",
+    "check_row_independence",
     "check_structure",
     "count_statistical_assertions",
     "default_chain_battery",

@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass
 
 from losslessness.checks.cases import ChainCase
+from losslessness.checks.sampling import rows_per_call
 from losslessness.reference.laws import ChainLaws, chain_laws
 from losslessness.stats import plan_identity_test
 
@@ -53,12 +54,26 @@ def acceptance_is_statistical(laws: ChainLaws, position: int) -> bool:
     return is_reachable(laws, position) and exact_acceptance(laws, position) is None
 
 
-def count_statistical_assertions(case: ChainCase) -> int:
-    """Number of statistical assertions (identity tests + acceptance tests) ``case`` makes."""
+def independence_is_statistical(case: ChainCase, row: int) -> bool:
+    """Whether row type ``row`` of ``case`` makes an independence assertion: its first token
+    has two or more possible values and each call carries at least two copies of the row."""
+    first = case_laws(case)[row].emitted[0]
+    return int((first > 0).sum()) >= 2 and rows_per_call(case) >= 2
+
+
+def count_statistical_assertions(case: ChainCase, check_ids: tuple[str, ...] = ()) -> int:
+    """Number of statistical assertions ``case`` makes: identity tests (``law``), acceptance
+    tests (``acceptance``) and independence tests (``independence``); only those whose check
+    id is in ``check_ids`` when it is not empty."""
+    wanted = set(check_ids or ("law", "acceptance", "independence"))
     total = 0
-    for laws in case_laws(case):
-        total += sum(law_is_statistical(laws, i) for i in range(case.k + 1))
-        total += sum(acceptance_is_statistical(laws, i) for i in range(case.k))
+    for row, laws in enumerate(case_laws(case)):
+        if "law" in wanted:
+            total += sum(law_is_statistical(laws, i) for i in range(case.k + 1))
+        if "acceptance" in wanted:
+            total += sum(acceptance_is_statistical(laws, i) for i in range(case.k))
+        if "independence" in wanted:
+            total += independence_is_statistical(case, row)
     return total
 
 

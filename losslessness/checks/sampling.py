@@ -35,6 +35,8 @@ class ChainSamples:
         wall_time_s: seconds spent, verifier calls included.
         verifier_time_s: seconds spent inside the verifier.
         calls: number of verifier calls.
+        steps_per_call: copies of each row type per call (steps ``j`` and ``j'`` shared a call
+            iff ``j // steps_per_call == j' // steps_per_call``).
     """
 
     case: ChainCase
@@ -44,6 +46,7 @@ class ChainSamples:
     wall_time_s: float
     verifier_time_s: float
     calls: int
+    steps_per_call: int
 
 
 def rows_per_call(case: ChainCase) -> int:
@@ -132,5 +135,5 @@ def sample_chain(
         if progress is not None:
             progress(m)
     return ChainSamples(
-        case, outputs, drafts, seed, time.perf_counter() - start, verifier_time, calls
+        case, outputs, drafts, seed, time.perf_counter() - start, verifier_time, calls, chunk
     )

@@ -1,0 +1,120 @@
+"""Independence of identical rows in one batch (DESIGN.md section 4, item 5).
+
+Two rows of the same call that carry the same p and q must give independent outputs: a
+verifier that shares one random stream across the requests of a batch (TensorRT-LLM issue
+19487's mechanism) can emit the right law in every row and still be wrong as a sampler, since
+the rows of a batch are different users' requests. Steps ``2j`` and ``2j+1`` of a row type that
+shared a call form a pair; the first emitted token of each is mapped to a category (every
+token frequent enough to be tested on its own, the rest pooled), and a chi-square test of
+independence (Cressie-Read lambda = 2/3, ``scipy.stats.chi2_contingency``) is run on the
+pairs' contingency table.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+from scipy import stats
+
+from losslessness.checks.planning import case_laws, independence_is_statistical
+from losslessness.checks.result import CheckContext, CheckKind, CheckResult, Verdict
+from losslessness.checks.sampling import ChainSamples
+from losslessness.stats import minimum_detectable_tv
+
+MIN_EXPECTED_PAIR_COUNT = 20.0
+"""A token gets its own category when it is expected to appear in both rows of at least this
+many pairs (n_pairs * p(t)^2), the same floor as the identity test's pooling; the rest pool."""
+
+
+def _pairs(samples: ChainSamples, row: int) -> tuple[np.ndarray, np.ndarray]:
+    n = samples.outputs.shape[1]
+    starts = np.arange(0, n - 1, 2)
+    same_call = starts // samples.steps_per_call == (starts + 1) // samples.steps_per_call
+    starts = starts[same_call]
+    first = samples.outputs[row, :, 0]
+    return first[starts], first[starts + 1]
+
+
+def check_row_independence(samples: ChainSamples, context: CheckContext) -> list[CheckResult]:
+    """Test that paired identical rows of one call emit independent first tokens.
+
+    Args:
+        samples: outputs ``[R, n, k+1]`` with ``steps_per_call`` copies of each row type per
+            call.
+        context: the case's context.
+
+    Returns:
+        One :class:`CheckResult` per row type that makes the assertion (see
+        :func:`losslessness.checks.planning.independence_is_statistical`): LOSSY when
+        independence is rejected at the per-assertion level, SKIPPED when too few pairs make
+        two categories. The minimum detectable TV is between the pair's joint law and the
+        product of its marginals, on the categories.
+    """
+    case = samples.case
+    results = []
+    for row, laws in enumerate(case_laws(case)):
+        if not independence_is_statistical(case, row):
+            continue
+        began = time.perf_counter()
+        first, second = _pairs(samples, row)
+        n_pairs = int(first.size)
+        p0 = laws.emitted[0].numpy()
+        frequent = np.flatnonzero(n_pairs * p0**2 >= MIN_EXPECTED_PAIR_COUNT)
+        category = np.full(case.vocab_size + 1, frequent.size, dtype=np.int64)
+        category[frequent] = np.arange(frequent.size)
+        other_mass = 1.0 - float(p0[frequent].sum())
+        n_categories = frequent.size + (other_mass * n_pairs >= MIN_EXPECTED_PAIR_COUNT)
+        common = {"position": 0, "row": row, "n": n_pairs}
+        details = {"n_rows": case.n_rows, "categories": int(n_categories)}
+        if n_categories < 2:
+            results.append(
+                context.result(
+                    "independence",
+                    kind=CheckKind.STATISTICAL,
+                    verdict=Verdict.SKIPPED,
+                    min_detectable_tv=float("inf"),
+                    details=details,
+                    message="too few pairs for two categories of the first token",
+                    **common,
+                )
+            )
+            continue
+        valid = (first >= 0) & (first < case.vocab_size) & (second >= 0)
+        valid &= second < case.vocab_size
+        a = np.minimum(category[first[valid]], n_categories - 1)
+        b = np.minimum(category[second[valid]], n_categories - 1)
+        table = np.zeros((n_categories, n_categories), dtype=np.int64)
+        np.add.at(table, (a, b), 1)
+        table = table[table.sum(axis=1) > 0][:, table.sum(axis=0) > 0]
+        if min(table.shape) < 2:
+            statistic, pvalue, dof = 0.0, 1.0, 0
+        else:
+            test = stats.chi2_contingency(table, correction=False, lambda_="cressie-read")
+            statistic, pvalue, dof = float(test.statistic), float(test.pvalue), int(test.dof)
+        verdict = Verdict.LOSSY if pvalue <= context.alpha else Verdict.PASS
+        message = f"paired identical rows emit independent first tokens ({n_pairs} pairs)"
+        if verdict is Verdict.LOSSY:
+            agree = float((first == second).mean())
+            expected_agree = float((p0**2).sum())
+            message = (
+                f"identical rows of one batch are dependent: p-value {pvalue:.3g} <= alpha "
+                f"{context.alpha:.3g}; paired rows emit the same first token in {agree:.3f} of "
+                f"{n_pairs} pairs, {expected_agree:.3f} if independent (shared randomness?)"
+            )
+        results.append(
+            context.result(
+                "independence",
+                kind=CheckKind.STATISTICAL,
+                verdict=verdict,
+                statistic=statistic,
+                df=dof,
+                p_value=pvalue,
+                min_detectable_tv=minimum_detectable_tv(n_pairs, dof, context.alpha, context.power),
+                wall_time_s=time.perf_counter() - began,
+                message=message,
+                details=details,
+                **common,
+            )
+        )
+    return results
