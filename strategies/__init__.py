@@ -5,34 +5,83 @@ eagerly (``hypothesis.errors.InvalidArgument`` naming the argument) and regimes 
 constants, not magic numbers.
 
 - :func:`probability_vectors` (regimes :data:`REGIMES`) and :func:`target_draft_pairs`
-  (relations :data:`RELATIONS`): ``[V]`` float64 tensors.
-- :func:`chain_cases` and :func:`greedy_cases`: whole verifier inputs.
-- :data:`PROFILES` and :func:`load_profile`: the ``dev``/``ci``/``nightly`` settings profiles,
-  selected by ``LOSSLESSNESS_HYPOTHESIS_PROFILE``.
+  (relations :data:`RELATIONS`): ``[V]`` tensors built in float64, optionally cast to float32,
+  float16 or bfloat16 (:func:`cast_probabilities`, :func:`row_sum_tolerance`,
+  :func:`effective_probabilities`).
+- :func:`logits_vectors`: ``[V]`` float64 logits with ``-inf`` masks, large magnitudes and ties.
+- :func:`sampling_parameters`, :class:`SamplingParameters` and
+  :func:`apply_sampling_parameters`: temperature, top-k, top-p, min-p.
+- :func:`chain_cases`, :func:`greedy_cases` and :func:`verify_cases`: whole verifier inputs.
+- :func:`recording_labels` and :func:`label_frequencies`: which regimes the draws reached.
+- :data:`PROFILES`, :func:`load_profile`, :func:`add_profile_option` and
+  :func:`configure_profile`: the ``dev``/``ci``/``nightly`` settings profiles, selected by
+  ``--losslessness-profile`` or ``LOSSLESSNESS_HYPOTHESIS_PROFILE``.
 
 Hypothesis chooses cases only; random samples come from generators the tests seed themselves
 (DESIGN.md section 5).
 """
 
-from strategies.cases import ChainCaseTensors, GreedyCaseTensors, chain_cases, greedy_cases
+from strategies.cases import (
+    VERIFY_DTYPES,
+    ChainCaseTensors,
+    GreedyCaseTensors,
+    VerifyCase,
+    chain_cases,
+    greedy_cases,
+    verify_cases,
+)
+from strategies.coverage import LabelFrequencies, label_frequencies, recording_labels
 from strategies.distributions import (
+    PROBABILITY_DTYPES,
     REGIMES,
     RELATIONS,
+    cast_probabilities,
+    effective_probabilities,
     probability_vectors,
+    row_sum_tolerance,
     target_draft_pairs,
 )
-from strategies.profiles import PROFILE_ENV_VAR, PROFILES, load_profile
+from strategies.logits import LOGIT_SCALES, logits_vectors
+from strategies.profiles import (
+    PROFILE_ENV_VAR,
+    PROFILES,
+    add_profile_option,
+    configure_profile,
+    load_profile,
+)
+from strategies.sampling import (
+    SamplingParameters,
+    apply_sampling_parameters,
+    sampling_parameters,
+)
 
 __all__ = [
+    "LOGIT_SCALES",
+    "PROBABILITY_DTYPES",
     "PROFILES",
     "PROFILE_ENV_VAR",
     "REGIMES",
     "RELATIONS",
+    "VERIFY_DTYPES",
     "ChainCaseTensors",
     "GreedyCaseTensors",
+    "LabelFrequencies",
+    "SamplingParameters",
+    "VerifyCase",
+    "add_profile_option",
+    "apply_sampling_parameters",
+    "cast_probabilities",
     "chain_cases",
+    "configure_profile",
+    "effective_probabilities",
     "greedy_cases",
+    "label_frequencies",
     "load_profile",
+    "logits_vectors",
     "probability_vectors",
+    "recording_labels",
+    "row_sum_tolerance",
+    "sampling_parameters",
     "target_draft_pairs",
+    "verify_cases",
 ]

@@ -1,17 +1,34 @@
-"""Shared pytest configuration: load the Hypothesis settings profile before tests are imported.
+"""Shared pytest configuration: choose the Hypothesis settings profile before tests are imported.
 
-The profile comes from ``LOSSLESSNESS_HYPOTHESIS_PROFILE`` (``dev`` by default, ``ci`` in CI,
-``nightly`` on the nightly job); see :mod:`strategies.profiles`. Loading it here, at conftest
-import, means test modules that size their statistical budget from
+The profile comes from ``--losslessness-profile NAME`` when given, else from
+``LOSSLESSNESS_HYPOTHESIS_PROFILE`` (``dev`` by default, ``ci`` in CI, ``nightly`` on the
+nightly job); see :mod:`strategies.profiles`. It is loaded once at conftest import (from the
+environment) and again in ``pytest_configure`` (where the option can override it), both before
+any test module is imported, so test modules that size their statistical budget from
 ``hypothesis.settings().max_examples`` see the active profile.
 """
 
 from __future__ import annotations
 
+import pytest
+
 import strategies
+from strategies.profiles import add_profile_option, configure_profile
 
 ACTIVE_HYPOTHESIS_PROFILE = strategies.load_profile()
-"""Name of the Hypothesis profile loaded for this test session."""
+"""Name of the Hypothesis profile loaded from the environment at conftest import (the option,
+when given, replaces it in ``pytest_configure``)."""
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """Add ``--losslessness-profile NAME``."""
+    add_profile_option(parser)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Load the profile the option or the environment names."""
+    global ACTIVE_HYPOTHESIS_PROFILE
+    ACTIVE_HYPOTHESIS_PROFILE = configure_profile(config)
 
 
 def pytest_report_header() -> str:

@@ -1,0 +1,22 @@
+"""Chain sampling verifier properties (DESIGN.md section 4, items 1-5), run on the target named
+by ``--losslessness-target``: structure, the conditional law at every position (bonus
+included), acceptance (too high is LOSSY; too low warns SUBOPTIMAL), the exact edge cases, and
+the independence of identical rows in one batch."""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+
+from losslessness.checks import ChainCase
+from losslessness.pytest_plugin import SuiteTarget
+from losslessness.suite.support import run_chain_example, suite_chain_cases
+
+
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(case=suite_chain_cases())
+def test_chain_verifier_is_lossless(case: ChainCase, losslessness_target: SuiteTarget) -> None:
+    """Every emitted token follows p at its position, acceptance never exceeds sum min(p, q),
+    outputs are well-formed, and identical rows of a batch are independent."""
+    run_chain_example(
+        losslessness_target.chain(), case, losslessness_target.replay("test_chain_verifier")
+    )

@@ -1,0 +1,118 @@
+"""The pytest plugin and property suite, run as a user runs them (a pytest subprocess):
+the reference passes; every wrong verifier fails with a replayable message naming the check,
+the position and a small shrunk case; the lossless-but-suboptimal control passes with a
+warning. Shrunk cases are printed (``pytest -s``) for the closing note."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from losslessness.pytest_plugin import SUITE_DIRECTORY, SUITE_MODULES
+from losslessness.suite import SMALL_VOCAB
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_suite(*options: str, module: str = "test_chain.py") -> subprocess.CompletedProcess[str]:
+    """pytest on one suite module with the given options, the ci profile, from the repo root."""
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-p",
+        "no:cacheprovider",
+        "-q",
+        "--losslessness-profile=ci",
+        *options,
+        str(SUITE_DIRECTORY / module),
+    ]
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=900)
+
+
+def test_suite_passes_on_the_reference() -> None:
+    """``pytest --losslessness-target=losslessness.reference:verify`` (and the greedy option)
+    collects both suite modules and passes."""
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            "-q",
+            "--losslessness-profile=ci",
+            "--losslessness-target=losslessness.reference:verify",
+            "--losslessness-greedy=losslessness.reference:verify_greedy",
+            *(str(SUITE_DIRECTORY / module) for module in SUITE_MODULES),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "2 passed" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("verifier", "check", "min_vocab"),
+    [
+        ("residual_is_target", "law", 2),
+        ("bonus_from_wrong_row", "law", 2),
+        ("ratio_inverted", "law", 2),
+        ("acceptance_never_stops", "law", 2),
+        ("shared_random_stream", "law|independence", 2),
+        ("clamp_target_at_floor", "law", 2),
+        ("residual_truncated_to_top16", "law", 17),
+    ],
+)
+def test_suite_fails_on_each_wrong_verifier_with_a_replayable_message(
+    verifier: str, check: str, min_vocab: int
+) -> None:
+    """Each wrong verifier fails the suite: the message names the check and position, shows
+    the shrunk case, its seed and a one-line replay command; the shrunk case is small."""
+    target = f"tests.wrong_verifiers:{verifier}"
+    result = run_suite(f"--losslessness-target={target}")
+    output = result.stdout
+    assert result.returncode == 1, output + result.stderr
+    match = re.search(
+        rf"losslessness: LOSSY ({check}) at position \d+, row \d+ \(V=(\d+) k=(\d+) B=(\d+)", output
+    )
+    assert match, output
+    vocab, k, batch = (int(x) for x in match.groups()[1:])
+    print(f"{verifier}: shrunk to V={vocab} k={k} B={batch}")
+    # Cases are drawn from V <= 16 or from V in 17..300; a failure found among the large ones
+    # shrinks to V = 17, the smallest of that half.
+    assert min_vocab <= vocab <= max(min_vocab, SMALL_VOCAB + 1) + 15 and batch == 1 and k <= 2
+    assert re.search(r"seed \d+ \(derived from the case hash [0-9a-f]{12}\)", output)
+    assert f"replay: pytest --losslessness-target={target} --losslessness-profile=ci -k" in output
+
+
+def test_suite_passes_sample_and_match_with_a_suboptimal_warning() -> None:
+    """Sample-and-match is lossless: the suite passes, warning that acceptance is too low."""
+    result = run_suite("--losslessness-target=tests.wrong_verifiers:sample_and_match")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUBOPTIMAL" in result.stdout
+
+
+def test_suite_fails_on_greedy_tie_breaking() -> None:
+    """A greedy verifier that breaks ties towards the highest index fails with the tie shown."""
+    result = run_suite(
+        "--losslessness-greedy=tests.wrong_verifiers:greedy_ties_to_highest",
+        module="test_greedy.py",
+    )
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "LOSSY greedy at position" in result.stdout
+    assert "tie at the maximum" in result.stdout
+
+
+def test_unknown_target_is_a_usage_error() -> None:
+    """A target that does not resolve stops the run with the option named."""
+    result = run_suite("--losslessness-target=no_such_module_xyz:verify")
+    assert result.returncode != 0
+    assert "--losslessness-target=no_such_module_xyz:verify" in result.stdout + result.stderr
