@@ -34,9 +34,10 @@ def run_suite(*options: str, module: str = "test_chain.py") -> subprocess.Comple
     return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=900)
 
 
-def test_suite_passes_on_the_reference() -> None:
+@pytest.mark.parametrize("profile", ["ci", "dev", "nightly"])
+def test_suite_passes_on_the_reference(profile: str) -> None:
     """``pytest --losslessness-target=losslessness.reference:verify`` (and the greedy option)
-    collects both suite modules and passes."""
+    collects both suite modules and passes, in every profile."""
     result = subprocess.run(
         [
             sys.executable,
@@ -45,7 +46,7 @@ def test_suite_passes_on_the_reference() -> None:
             "-p",
             "no:cacheprovider",
             "-q",
-            "--losslessness-profile=ci",
+            f"--losslessness-profile={profile}",
             "--losslessness-target=losslessness.reference:verify",
             "--losslessness-greedy=losslessness.reference:verify_greedy",
             *(str(SUITE_DIRECTORY / module) for module in SUITE_MODULES),
