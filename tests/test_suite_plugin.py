@@ -5,6 +5,7 @@ warning. Shrunk cases are printed (``pytest -s``) for the closing note."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -12,49 +13,32 @@ from pathlib import Path
 
 import pytest
 
-from losslessness.pytest_plugin import SUITE_DIRECTORY, SUITE_MODULES
 from losslessness.suite import SMALL_VOCAB
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def run_suite(*options: str, module: str = "test_chain.py") -> subprocess.CompletedProcess[str]:
-    """pytest on one suite module with the given options, the ci profile, from the repo root."""
-    command = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "-p",
-        "no:cacheprovider",
-        "-q",
-        "--losslessness-profile=ci",
-        *options,
-        str(SUITE_DIRECTORY / module),
-    ]
-    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=900)
+def run_suite(*options: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """pytest as a user runs it, from an empty project directory (``tmp_path``) with the
+    repository on PYTHONPATH (for ``tests.wrong_verifiers``): only the plugin's suite modules
+    are collected, imported from the same place as the plugin itself."""
+    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", *options]
+    environment = {**os.environ, "PYTHONPATH": str(ROOT)}
+    environment.pop("LOSSLESSNESS_HYPOTHESIS_PROFILE", None)
+    return subprocess.run(
+        command, cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=900
+    )
 
 
 @pytest.mark.parametrize("profile", ["ci", "dev", "nightly"])
-def test_suite_passes_on_the_reference(profile: str) -> None:
+def test_suite_passes_on_the_reference(profile: str, tmp_path: Path) -> None:
     """``pytest --losslessness-target=losslessness.reference:verify`` (and the greedy option)
     collects both suite modules and passes, in every profile."""
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-p",
-            "no:cacheprovider",
-            "-q",
-            f"--losslessness-profile={profile}",
-            "--losslessness-target=losslessness.reference:verify",
-            "--losslessness-greedy=losslessness.reference:verify_greedy",
-            *(str(SUITE_DIRECTORY / module) for module in SUITE_MODULES),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=900,
+    result = run_suite(
+        f"--losslessness-profile={profile}",
+        "--losslessness-target=losslessness.reference:verify",
+        "--losslessness-greedy=losslessness.reference:verify_greedy",
+        tmp_path=tmp_path,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "2 passed" in result.stdout
@@ -73,12 +57,14 @@ def test_suite_passes_on_the_reference(profile: str) -> None:
     ],
 )
 def test_suite_fails_on_each_wrong_verifier_with_a_replayable_message(
-    verifier: str, check: str, min_vocab: int
+    verifier: str, check: str, min_vocab: int, tmp_path: Path
 ) -> None:
     """Each wrong verifier fails the suite: the message names the check and position, shows
     the shrunk case, its seed and a one-line replay command; the shrunk case is small."""
     target = f"tests.wrong_verifiers:{verifier}"
-    result = run_suite(f"--losslessness-target={target}")
+    result = run_suite(
+        "--losslessness-profile=ci", f"--losslessness-target={target}", tmp_path=tmp_path
+    )
     output = result.stdout
     assert result.returncode == 1, output + result.stderr
     match = re.search(
@@ -94,26 +80,31 @@ def test_suite_fails_on_each_wrong_verifier_with_a_replayable_message(
     assert f"replay: pytest --losslessness-target={target} --losslessness-profile=ci -k" in output
 
 
-def test_suite_passes_sample_and_match_with_a_suboptimal_warning() -> None:
+def test_suite_passes_sample_and_match_with_a_suboptimal_warning(tmp_path: Path) -> None:
     """Sample-and-match is lossless: the suite passes, warning that acceptance is too low."""
-    result = run_suite("--losslessness-target=tests.wrong_verifiers:sample_and_match")
+    result = run_suite(
+        "--losslessness-profile=ci",
+        "--losslessness-target=tests.wrong_verifiers:sample_and_match",
+        tmp_path=tmp_path,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "SUBOPTIMAL" in result.stdout
 
 
-def test_suite_fails_on_greedy_tie_breaking() -> None:
+def test_suite_fails_on_greedy_tie_breaking(tmp_path: Path) -> None:
     """A greedy verifier that breaks ties towards the highest index fails with the tie shown."""
     result = run_suite(
+        "--losslessness-profile=ci",
         "--losslessness-greedy=tests.wrong_verifiers:greedy_ties_to_highest",
-        module="test_greedy.py",
+        tmp_path=tmp_path,
     )
     assert result.returncode == 1, result.stdout + result.stderr
     assert "LOSSY greedy at position" in result.stdout
     assert "tie at the maximum" in result.stdout
 
 
-def test_unknown_target_is_a_usage_error() -> None:
+def test_unknown_target_is_a_usage_error(tmp_path: Path) -> None:
     """A target that does not resolve stops the run with the option named."""
-    result = run_suite("--losslessness-target=no_such_module_xyz:verify")
+    result = run_suite("--losslessness-target=no_such_module_xyz:verify", tmp_path=tmp_path)
     assert result.returncode != 0
     assert "--losslessness-target=no_such_module_xyz:verify" in result.stdout + result.stderr
