@@ -35,15 +35,12 @@ from losslessness.checks import (
     GreedyCase,
     ProtocolViolation,
     Verdict,
-    check_acceptance,
-    check_conditional_laws,
     check_greedy,
-    check_row_independence,
-    check_structure,
     count_statistical_assertions,
     default_chain_battery,
     default_greedy_battery,
     plan_case,
+    run_chain_checks,
     sample_chain,
 )
 from losslessness.seeding import derive_seed
@@ -312,15 +309,13 @@ def _audit_chain_case(
 ) -> list[CheckResult]:
     assert adapter.chain is not None
     seed = derive_seed(config.seed, "chain", case.case_hash)
-    context = CheckContext(
+    context = CheckContext.for_case(
         adapter.name,
-        case.case_id,
-        case.summary,
-        case.case_hash,
-        budget.per_assertion_alpha,
-        config.power,
-        config.tv,
-        seed,
+        case,
+        alpha=budget.per_assertion_alpha,
+        power=config.power,
+        tv=config.tv,
+        seed=seed,
     )
     selected = [
         check_id
@@ -349,10 +344,7 @@ def _audit_chain_case(
     totals.verifier_calls += samples.calls
     totals.verifier_time_s += samples.verifier_time_s
     context = dataclasses.replace(context, sampling_time_s=samples.wall_time_s)
-    results = [check_structure(samples, context)]
-    results += check_conditional_laws(samples, context)
-    results += check_acceptance(samples, context)
-    results += check_row_independence(samples, context)
+    results = run_chain_checks(samples, context)
     for result in results:
         result.details["steps"] = plan.n_steps
         result.details["capped"] = plan.capped
@@ -367,15 +359,13 @@ def _audit_greedy_case(
     totals: TargetResult,
 ) -> CheckResult:
     assert adapter.greedy is not None
-    context = CheckContext(
+    context = CheckContext.for_case(
         adapter.name,
-        case.case_id,
-        case.summary,
-        case.case_hash,
-        budget.per_assertion_alpha,
-        config.power,
-        config.tv,
-        0,
+        case,
+        alpha=budget.per_assertion_alpha,
+        power=config.power,
+        tv=config.tv,
+        seed=0,
     )
     began = time.perf_counter()
     try:

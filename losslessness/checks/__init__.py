@@ -16,6 +16,18 @@ from losslessness.checks.result import CheckContext, CheckKind, CheckResult, Ver
 from losslessness.checks.sampling import ChainSamples, ProtocolViolation, sample_chain
 from losslessness.checks.structure import check_structure
 
+
+def run_chain_checks(samples: ChainSamples, context: CheckContext) -> list[CheckResult]:
+    """Every chain check on one case's samples: structure, conditional laws (and one-hot
+    edges), acceptance (and disjoint / p == q edges), independence of identical rows."""
+    return [
+        check_structure(samples, context),
+        *check_conditional_laws(samples, context),
+        *check_acceptance(samples, context),
+        *check_row_independence(samples, context),
+    ]
+
+
 CHAIN_CHECK_IDS = (
     "structure",
     "law",
@@ -52,5 +64,6 @@ __all__ = [
     "default_chain_battery",
     "default_greedy_battery",
     "plan_case",
+    "run_chain_checks",
     "sample_chain",
 ]

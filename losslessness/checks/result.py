@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from losslessness.checks.cases import ChainCase, GreedyCase
 
 
 class Verdict(str, enum.Enum):
@@ -116,6 +119,20 @@ class CheckContext:
     tv: float
     seed: int
     sampling_time_s: float = 0.0
+
+    @classmethod
+    def for_case(
+        cls,
+        target: str,
+        case: ChainCase | GreedyCase,
+        *,
+        alpha: float,
+        power: float,
+        tv: float,
+        seed: int,
+    ) -> CheckContext:
+        """The context of ``case`` audited on ``target`` (sampling time filled in later)."""
+        return cls(target, case.case_id, case.summary, case.case_hash, alpha, power, tv, seed)
 
     def result(
         self,

@@ -3,6 +3,7 @@ one Hypothesis example, and the failure message (check, position, case, seed, re
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from dataclasses import dataclass
 
@@ -18,10 +19,7 @@ from losslessness.checks import (
     CheckContext,
     CheckResult,
     Verdict,
-    check_acceptance,
-    check_conditional_laws,
-    check_row_independence,
-    check_structure,
+    run_chain_checks,
     sample_chain,
 )
 from losslessness.seeding import derive_seed
@@ -150,21 +148,12 @@ def run_chain_example(adapter: Adapter, case: ChainCase, replay: str) -> None:
     seed = derive_seed(0, "suite", case.case_hash)
     note(f"case {case.summary}, hash {case.case_hash}, seed {seed}")
     samples = sample_chain(adapter.chain, case, STEPS_PER_ROW, seed)
-    context = CheckContext(
-        adapter.name,
-        case.case_id,
-        case.summary,
-        case.case_hash,
-        budget.per_assertion_alpha,
-        0.9,
-        0.1,
-        seed,
-        samples.wall_time_s,
+    context = CheckContext.for_case(
+        adapter.name, case, alpha=budget.per_assertion_alpha, power=0.9, tv=0.1, seed=seed
     )
-    results = [check_structure(samples, context)]
-    results += check_conditional_laws(samples, context)
-    results += check_acceptance(samples, context)
-    results += check_row_independence(samples, context)
+    results = run_chain_checks(
+        samples, dataclasses.replace(context, sampling_time_s=samples.wall_time_s)
+    )
     for result in results:
         if result.verdict is Verdict.SUBOPTIMAL:
             warnings.warn(
