@@ -85,6 +85,39 @@ class GreedyVerifier(Protocol):
     ) -> torch.Tensor: ...
 
 
+@runtime_checkable
+class EndToEndGenerator(Protocol):
+    """A whole speculative-decoding engine seen from outside (DESIGN.md section 3).
+
+    Attributes:
+        vocab_size: V, the number of token ids the target can emit.
+
+    ``generate(prompt_ids, max_new_tokens, seed)`` returns the new tokens (``list[int]``, at most
+    ``max_new_tokens``, ids in ``[0, V)``); everything random in it derives from ``seed``.
+    ``next_token_probs(prefix_ids)`` returns the target's *processed* next-token law (the
+    user's temperature, top-k, top-p, min-p applied) given the whole prefix (prompt and
+    generated tokens): ``[V]`` float64 summing to 1. The sequence-law check enumerates the
+    exact law of the first L new tokens from it.
+    """
+
+    vocab_size: int
+
+    def generate(self, prompt_ids: list[int], max_new_tokens: int, seed: int) -> list[int]: ...
+
+    def next_token_probs(self, prefix_ids: list[int]) -> torch.Tensor: ...
+
+
+@runtime_checkable
+class ReportsAcceptedLengths(Protocol):
+    """An :class:`EndToEndGenerator` that counts its verify steps by accepted draft length.
+
+    ``accepted_length_counts()`` maps the number of draft tokens accepted in one verify step
+    (0..k) to how many verify steps had it, summed since the generator was built.
+    """
+
+    def accepted_length_counts(self) -> dict[int, int]: ...
+
+
 def _require_tensor(name: str, value: object) -> torch.Tensor:
     if not isinstance(value, torch.Tensor):
         raise InvalidInputError(name, f"expected a torch.Tensor, got {type(value).__name__}")
