@@ -1,7 +1,7 @@
 """How an implementation under audit is called: reference, ``pkg.module:callable``,
 transformers, and anything registered under the ``losslessness.adapters`` entry-point group."""
 
-from losslessness.adapters.base import Adapter, AdapterNotFound, AdapterUnavailable
+from losslessness.adapters.base import Adapter, AdapterNotFound, AdapterUnavailable, EndToEndTarget
 from losslessness.adapters.target import (
     ENTRY_POINT_GROUP,
     load_callable,
@@ -14,6 +14,7 @@ __all__ = [
     "Adapter",
     "AdapterNotFound",
     "AdapterUnavailable",
+    "EndToEndTarget",
     "load_callable",
     "registered_adapters",
     "resolve_adapter",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from losslessness.protocol import ChainVerifier, GreedyVerifier
+from losslessness.protocol import ChainVerifier, EndToEndGenerator, GreedyVerifier
 
 
 class AdapterUnavailable(RuntimeError):
@@ -16,6 +16,29 @@ class AdapterNotFound(LookupError):
 
 
 @dataclass(frozen=True)
+class EndToEndTarget:
+    """A whole speculative-decoding engine and the prompt it is audited on (DESIGN.md section 3).
+
+    Attributes:
+        name: how the audit reports it (``transformers-generate/assisted-sampling``).
+        description: what is wrapped (package, version, models, sampling parameters, k).
+        generator: the engine, in the :class:`~losslessness.protocol.EndToEndGenerator`
+            protocol; ``generator.next_token_probs`` gives the target's processed law.
+        prompt_ids: the prompt every generation starts from.
+        new_tokens: L, the number of generated tokens whose joint law is tested (V^L cells).
+        greedy: the engine decodes greedily: its output must equal plain greedy decoding of
+            ``next_token_probs`` token for token, instead of following the sampled law.
+    """
+
+    name: str
+    description: str
+    generator: EndToEndGenerator
+    prompt_ids: tuple[int, ...]
+    new_tokens: int
+    greedy: bool = False
+
+
+@dataclass(frozen=True)
 class Adapter:
     """An implementation under audit, in the protocols of :mod:`losslessness.protocol`.
 
@@ -24,13 +47,18 @@ class Adapter:
         description: what exactly is wrapped (package, version, function, conventions).
         chain: the chain sampling verifier, or None if the implementation has none.
         greedy: the greedy verifier, or None.
+        end_to_end: whole engines audited by the sequence-law check, or empty.
     """
 
     name: str
     description: str
     chain: ChainVerifier | None = None
     greedy: GreedyVerifier | None = None
+    end_to_end: tuple[EndToEndTarget, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.chain is None and self.greedy is None:
-            raise ValueError(f"adapter {self.name!r}: needs a chain or a greedy verifier")
+        if self.chain is None and self.greedy is None and not self.end_to_end:
+            raise ValueError(
+                f"adapter {self.name!r}: needs a chain verifier, a greedy verifier or an "
+                "end-to-end target"
+            )
