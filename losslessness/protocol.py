@@ -57,6 +57,17 @@ class ChainVerifier(Protocol):
 
     Returns:
         ``[B, k+1]`` int64: emitted tokens left-aligned, :data:`PLACEHOLDER` after the last.
+
+    Optional coupling keyword: an implementation may also accept a keyword-only
+    ``uniforms`` (:class:`losslessness.reference.ChainUniforms`: ``accept_uniforms`` ``[B, k]``
+    and ``sample_uniforms`` ``[B]``, floats in ``[0, 1)``). When it is given, all randomness
+    comes from it and ``generator`` is not used: draft i of row b is accepted iff
+    ``accept_uniforms[b, i] < p_i(d_i) / q_i(d_i)``, and the one token drawn per row (the
+    residual correction or the bonus) is the first token whose cumulative mass exceeds
+    ``sample_uniforms[b]`` times the total. Feeding the same uniforms to a GPU implementation
+    and to the CPU reference then makes their decisions comparable one by one (DESIGN.md
+    section 4, item 7). Callers detect support with ``inspect.signature``; implementations
+    that draw their randomness differently simply do not take the keyword.
     """
 
     def __call__(
@@ -149,6 +160,17 @@ def _require_ids(name: str, tensor: torch.Tensor, vocab_size: int) -> None:
         )
 
 
+def _distinct_rows(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` with every broadcast (stride 0) leading dimension cut to its first index.
+
+    The rows so dropped are the same memory as the one kept, so every per-row check on the
+    result holds for the whole tensor, and ``p.expand(B, k+1, V)`` is checked in ``O(k V)``.
+    The index of a reported error is then its first occurrence.
+    """
+    index = tuple(slice(0, 1) if stride == 0 else slice(None) for stride in tensor.stride()[:-1])
+    return tensor[index]
+
+
 def validate_probability_rows(name: str, probs: torch.Tensor) -> None:
     """Check that every row along the last axis is a probability vector.
 
@@ -162,6 +184,7 @@ def validate_probability_rows(name: str, probs: torch.Tensor) -> None:
     """
     if probs.numel() == 0:
         return
+    probs = _distinct_rows(probs)
     # One pass for the sums and one for the minimum: NaN and inf propagate into the sums, so
     # the elementwise scans below run only to locate an error that is already known.
     sums = probs.sum(dim=-1, dtype=torch.float64)

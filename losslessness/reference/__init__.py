@@ -3,7 +3,7 @@
 ``reference`` imports nothing from ``checks``, ``adapters`` or ``reports`` (DESIGN.md section 2).
 """
 
-from losslessness.reference.chain import verify, verify_with_uniforms
+from losslessness.reference.chain import ChainUniforms, shares_rows, verify, verify_with_uniforms
 from losslessness.reference.greedy import argmax_lowest_index, verify_greedy
 from losslessness.reference.laws import (
     ChainLaws,
@@ -13,17 +13,25 @@ from losslessness.reference.laws import (
     total_variation,
 )
 from losslessness.reference.output import accepted_lengths, emitted_tokens
-from losslessness.reference.sampling import sample_inverse_cdf
+from losslessness.reference.sampling import (
+    compute_dtype,
+    sample_inverse_cdf,
+    sample_inverse_cdf_from_tables,
+)
 
 __all__ = [
     "ChainLaws",
+    "ChainUniforms",
     "acceptance_probability",
     "accepted_lengths",
     "argmax_lowest_index",
     "chain_laws",
+    "compute_dtype",
     "emitted_tokens",
     "residual_distribution",
     "sample_inverse_cdf",
+    "sample_inverse_cdf_from_tables",
+    "shares_rows",
     "total_variation",
     "verify",
     "verify_greedy",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from losslessness.protocol import validate_greedy_inputs
+from losslessness.protocol import InvalidInputError, validate_greedy_inputs
 from losslessness.reference.output import accepted_lengths, emitted_tokens
 
 
@@ -35,16 +35,25 @@ def verify_greedy(target_logits: torch.Tensor, draft_token_ids: torch.Tensor) ->
     """One greedy verification step (the greedy protocol).
 
     Args:
-        target_logits: ``[B, k+1, V]`` float; ``-inf`` allowed for masked tokens.
-        draft_token_ids: ``[B, k]`` int64.
+        target_logits: ``[B, k+1, V]`` float on any device; ``-inf`` allowed for masked tokens.
+        draft_token_ids: ``[B, k]`` int64 on the same device.
 
     Returns:
-        ``[B, k+1]`` int64, emitted tokens left-aligned and -1 after the last.
+        ``[B, k+1]`` int64 on the device of ``target_logits``, emitted tokens left-aligned and
+        -1 after the last. Computed on that device in the logits' own dtype (the argmax
+        needs no conversion).
 
     Raises:
-        InvalidInputError: see :func:`losslessness.protocol.validate_greedy_inputs`.
+        InvalidInputError: see :func:`losslessness.protocol.validate_greedy_inputs`; also
+            ``draft_token_ids`` on another device than ``target_logits``.
     """
     _, k, _ = validate_greedy_inputs(target_logits, draft_token_ids)
+    if draft_token_ids.device != target_logits.device:
+        raise InvalidInputError(
+            "draft_token_ids",
+            f"is on {draft_token_ids.device}, but target_logits is on {target_logits.device}; "
+            "use one device",
+        )
     ids = draft_token_ids.to(torch.int64)
     best = argmax_lowest_index(target_logits)
     n_accepted = accepted_lengths(ids == best[:, :k])
