@@ -3,20 +3,40 @@ the audit's power. Each is the reference algorithm with one step changed; the do
 the change and the property it breaks.
 
 Run one: ``losslessness audit tests.wrong_verifiers:residual_is_target`` (exits 1).
+``sample_and_match``, ``shared_random_stream`` and ``greedy_ties_to_highest`` are the mutant
+zoo's (:mod:`losslessness.adapters.mutants`), re-exported under their old names.
 """
 
 from __future__ import annotations
 
 import torch
 
+from losslessness.adapters.mutants import (
+    greedy_ties_to_highest,
+    sample_and_match,
+    shared_random_stream,
+)
 from losslessness.protocol import validate_chain_inputs
 from losslessness.reference import (
     accepted_lengths,
     emitted_tokens,
     residual_distribution,
     sample_inverse_cdf,
-    verify_with_uniforms,
 )
+
+__all__ = [
+    "acceptance_never_stops",
+    "bonus_from_wrong_row",
+    "clamp_target_at_floor",
+    "crashes_on_large_vocab",
+    "drops_placeholder",
+    "greedy_ties_to_highest",
+    "ratio_inverted",
+    "residual_is_target",
+    "residual_truncated_to_top16",
+    "sample_and_match",
+    "shared_random_stream",
+]
 
 
 def _chain(
@@ -109,41 +129,6 @@ def acceptance_never_stops(
     return _chain(target_probs, draft_probs, draft_token_ids, generator, count_all_accepts=True)
 
 
-def sample_and_match(
-    target_probs: torch.Tensor,
-    draft_probs: torch.Tensor,
-    draft_token_ids: torch.Tensor,
-    generator: torch.Generator,
-) -> torch.Tensor:
-    """LOSSLESS but SUBOPTIMAL: draw x_i ~ p_i and accept d_i iff x_i == d_i, emitting x_i at
-    the first mismatch (the verification MLX-LM uses). Every emitted token follows p exactly;
-    the acceptance probability is sum p_i q_i <= sum min(p_i, q_i), so the audit must say
-    SUBOPTIMAL, never LOSSY."""
-    batch, k, _ = validate_chain_inputs(target_probs, draft_probs, draft_token_ids, generator)
-    p = target_probs.to(torch.float64)
-    ids = draft_token_ids.to(torch.int64)
-    uniforms = torch.rand((batch, k + 1), generator=generator, dtype=torch.float64)
-    samples = torch.stack(
-        [sample_inverse_cdf(p[:, i], uniforms[:, i]) for i in range(k + 1)], dim=1
-    )
-    n_accepted = accepted_lengths(samples[:, :k] == ids)
-    return emitted_tokens(ids, n_accepted, samples.gather(1, n_accepted.unsqueeze(1)).squeeze(1))
-
-
-def greedy_ties_to_highest(
-    target_logits: torch.Tensor, draft_token_ids: torch.Tensor
-) -> torch.Tensor:
-    """WRONG (greedy protocol): breaks ties at the maximum towards the highest index, so with
-    tied logits it diverges from argmax decoding (LOSSY at ``greedy`` on the tie cases)."""
-    flipped = target_logits.flip(-1).argmax(dim=-1)
-    best = target_logits.shape[-1] - 1 - flipped
-    k = draft_token_ids.shape[1]
-    n_accepted = accepted_lengths(draft_token_ids.to(torch.int64) == best[:, :k])
-    return emitted_tokens(
-        draft_token_ids, n_accepted, best.gather(1, n_accepted.unsqueeze(1))[:, 0]
-    )
-
-
 def crashes_on_large_vocab(
     target_probs: torch.Tensor,
     draft_probs: torch.Tensor,
@@ -166,23 +151,6 @@ def drops_placeholder(
     """WRONG (structure): returns only the emitted tokens of the first row, not [B, k+1]."""
     out = _chain(target_probs, draft_probs, draft_token_ids, generator)
     return out[0][out[0] != -1]
-
-
-def shared_random_stream(
-    target_probs: torch.Tensor,
-    draft_probs: torch.Tensor,
-    draft_token_ids: torch.Tensor,
-    generator: torch.Generator,
-) -> torch.Tensor:
-    """WRONG (independence): one random stream for the whole batch, as when every request of a
-    batch reads the same seeded uniforms (TensorRT-LLM issue 19487's mechanism). Each row alone
-    follows p exactly; identical rows of one batch are strongly dependent."""
-    batch, k, _ = validate_chain_inputs(target_probs, draft_probs, draft_token_ids, generator)
-    accept = torch.rand((1, k), generator=generator, dtype=torch.float64).expand(batch, k)
-    sample = torch.rand((1,), generator=generator, dtype=torch.float64).expand(batch)
-    return verify_with_uniforms(
-        target_probs, draft_probs, draft_token_ids, accept.contiguous(), sample.contiguous()
-    )
 
 
 def clamp_target_at_floor(

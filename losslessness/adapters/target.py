@@ -1,7 +1,8 @@
 """Resolving a target name to an :class:`Adapter`.
 
 A name is either a registered adapter (entry-point group ``losslessness.adapters``; this
-package registers ``reference`` and ``transformers``) or ``pkg.module:callable``, imported as
+package registers ``reference`` and ``transformers``), ``mutant/<name>`` (the mutant zoo), or
+``pkg.module:callable``, imported as
 ``python -m`` would: the current directory first, then ``PYTHONPATH``.
 """
 
@@ -64,8 +65,9 @@ def resolve_adapter(name: str, *, greedy: bool = False) -> Adapter:
     """The adapter for a target name.
 
     Args:
-        name: a registered adapter name or ``pkg.module:callable``; the callable may be an
-            :class:`Adapter` or a verifier function.
+        name: a registered adapter name, ``mutant/<name>`` (a mutant of the zoo,
+            :mod:`losslessness.adapters.mutants`) or ``pkg.module:callable``; the callable may
+            be an :class:`Adapter` or a verifier function.
         greedy: a bare function follows the greedy protocol instead of the chain protocol.
 
     Returns:
@@ -75,6 +77,11 @@ def resolve_adapter(name: str, *, greedy: bool = False) -> Adapter:
         AdapterNotFound: nothing matches ``name``.
         AdapterUnavailable: the adapter exists but cannot load here (e.g. package missing).
     """
+    if name.startswith("mutant/"):
+        # Imported here: the zoo builds its cases on first use, which plain audits never need.
+        from losslessness.adapters.mutants import mutant
+
+        return mutant(name).adapter
     if ":" in name:
         return _as_adapter(name, load_callable(name), greedy)
     registered = registered_adapters()
