@@ -1,10 +1,11 @@
 """Running the battery on adapters: plan, budget, sample, check -> :class:`AuditResult`.
 
 The run's family-wise false-alarm rate is split Bonferroni over every statistical assertion
-of the run (all targets, cases, positions), counted before any sample is drawn; each case's
-number of verification steps is then sized so that its identity tests detect the design TV
-with the design power at that per-assertion level (DESIGN.md section 5). A target that raises
-is recorded as ERROR for that case's checks and the audit goes on.
+of the run (all targets, cases, positions, and one sequence-law test per sampled end-to-end
+target), counted before any sample is drawn; each case's number of verification steps (each
+end-to-end target's number of generated sequences) is then sized so that its identity tests
+detect the design TV with the design power at that per-assertion level (DESIGN.md section 5).
+A target that raises is recorded as ERROR for that case's checks and the audit goes on.
 """
 
 from __future__ import annotations
@@ -24,9 +25,12 @@ import scipy
 import torch
 
 import losslessness
-from losslessness.adapters.base import Adapter
+from losslessness.adapters.base import Adapter, EndToEndTarget
 from losslessness.checks import (
     CHAIN_CHECK_IDS,
+    DRAFTS_ACCEPTED_CHECK_ID,
+    SEQUENCE_GREEDY_CHECK_ID,
+    SEQUENCE_LAW_CHECK_ID,
     CasePlan,
     ChainCase,
     CheckContext,
@@ -34,15 +38,22 @@ from losslessness.checks import (
     CheckResult,
     GreedyCase,
     ProtocolViolation,
+    SequencePlan,
     Verdict,
+    accepted_length_snapshot,
+    check_drafts_accepted,
     check_greedy,
+    check_greedy_sequences,
+    check_sequence_law,
     count_statistical_assertions,
     default_chain_battery,
     default_greedy_battery,
     plan_case,
+    plan_sequence_law,
     run_chain_checks,
     sample_chain,
 )
+from losslessness.checks.sequence_law import GREEDY_SEQUENCE_RUNS, end_to_end_case_hash
 from losslessness.seeding import derive_seed
 from losslessness.stats import DEFAULT_FAMILY_WISE_ALPHA, ErrorBudget
 
@@ -63,10 +74,13 @@ class AuditConfig:
         power: design power 1 - beta.
         seed: the run seed; every case's seed derives from it and the case hash.
         only: check ids to run (``law``, ``acceptance``, ``structure``, ``greedy``, ``edge``
-            for every ``edge.*``); empty runs all.
-        cases: case ids to run; empty runs the whole battery.
-        max_steps: cap on verification steps per case and row type.
-        steps: when set, every case uses exactly this many steps (replays), overriding the plan.
+            for every ``edge.*``, ``sequence-law``, ``sequence-greedy``, ``drafts-accepted``);
+            empty runs all.
+        cases: case ids (battery cases, end-to-end target names) to run; empty runs all.
+        max_steps: cap on verification steps per case and row type, and on the sequences
+            generated per end-to-end target.
+        steps: when set, every case uses exactly this many steps (every end-to-end target this
+            many sequences: replays), overriding the plan.
 
     Raises:
         ValueError: naming the field, for values out of range.
@@ -205,18 +219,51 @@ def _environment() -> dict[str, str]:
 
 
 @dataclass
+class _EndToEndPlan:
+    """One end-to-end target's plan: its law and n (sampled), or why planning failed."""
+
+    target: EndToEndTarget
+    plan: SequencePlan | None = None
+    error: BaseException | None = None
+
+    @property
+    def planned_runs(self) -> int:
+        if self.target.greedy:
+            return GREEDY_SEQUENCE_RUNS
+        return self.plan.n if self.plan is not None else 0
+
+
+@dataclass
 class _Plan:
     chain_cases: list[ChainCase]
     greedy_cases: list[GreedyCase]
     budget: ErrorBudget
     case_plans: dict[str, CasePlan]
+    end_to_end: dict[str, list[_EndToEndPlan]] = field(default_factory=dict)
 
 
-def _select_cases(config: AuditConfig) -> tuple[list[ChainCase], list[GreedyCase]]:
+def _end_to_end_check_ids(target: EndToEndTarget) -> tuple[str, str]:
+    law = SEQUENCE_GREEDY_CHECK_ID if target.greedy else SEQUENCE_LAW_CHECK_ID
+    return law, DRAFTS_ACCEPTED_CHECK_ID
+
+
+def _select_end_to_end(adapter: Adapter, config: AuditConfig) -> list[EndToEndTarget]:
+    return [
+        target
+        for target in adapter.end_to_end
+        if (not config.cases or target.name in config.cases)
+        and any(config.selects(check_id) for check_id in _end_to_end_check_ids(target))
+    ]
+
+
+def _select_cases(
+    config: AuditConfig, adapters: Sequence[Adapter] = ()
+) -> tuple[list[ChainCase], list[GreedyCase]]:
     chain = default_chain_battery()
     greedy = default_greedy_battery()
     if config.cases:
         known = {case.case_id for case in chain} | {case.case_id for case in greedy}
+        known |= {target.name for adapter in adapters for target in adapter.end_to_end}
         unknown = sorted(set(config.cases) - known)
         if unknown:
             raise ValueError(f"cases: unknown case ids {unknown}; known: {sorted(known)}")
@@ -235,7 +282,7 @@ def plan_audit(adapters: Sequence[Adapter], config: AuditConfig) -> _Plan:
     Raises:
         ValueError: unknown case ids in ``config.cases``.
     """
-    chain, greedy = _select_cases(config)
+    chain, greedy = _select_cases(config, adapters)
     chain_targets = sum(adapter.chain is not None for adapter in adapters)
     selected = tuple(
         check_id for check_id in ("law", "acceptance", "independence") if config.selects(check_id)
@@ -243,6 +290,12 @@ def plan_audit(adapters: Sequence[Adapter], config: AuditConfig) -> _Plan:
     n_assertions = chain_targets * sum(
         count_statistical_assertions(case, selected) for case in chain if selected
     )
+    end_to_end = {adapter.name: _select_end_to_end(adapter, config) for adapter in adapters}
+    if config.selects(SEQUENCE_LAW_CHECK_ID):
+        # One identity test per sampled end-to-end target; greedy and drafts-accepted are exact.
+        n_assertions += sum(
+            not target.greedy for targets in end_to_end.values() for target in targets
+        )
     budget = ErrorBudget(max(1, n_assertions), config.family_wise_alpha)
     plans = {}
     for case in chain if chain_targets else []:
@@ -252,7 +305,38 @@ def plan_audit(adapters: Sequence[Adapter], config: AuditConfig) -> _Plan:
             plans[case.case_id] = plan_case(
                 case, config.tv, budget.per_assertion_alpha, config.power, config.max_steps
             )
-    return _Plan(chain, greedy, budget, plans)
+    return _Plan(
+        chain,
+        greedy,
+        budget,
+        plans,
+        {
+            name: [_plan_end_to_end(target, config, budget) for target in targets]
+            for name, targets in end_to_end.items()
+        },
+    )
+
+
+def _plan_end_to_end(
+    target: EndToEndTarget, config: AuditConfig, budget: ErrorBudget
+) -> _EndToEndPlan:
+    if target.greedy:
+        return _EndToEndPlan(target)
+    cap = min(config.max_steps, target.max_sequences or config.max_steps)
+    try:
+        plan = plan_sequence_law(
+            target.generator,
+            target.prompt_ids,
+            target.new_tokens,
+            config.tv,
+            budget.per_assertion_alpha,
+            config.power,
+            cap,
+            config.steps,
+        )
+    except Exception as error:
+        return _EndToEndPlan(target, error=error)
+    return _EndToEndPlan(target, plan)
 
 
 @dataclass
@@ -276,6 +360,7 @@ def _planned_steps(adapter: Adapter, plan: _Plan) -> int:
         )
     if adapter.greedy is not None:
         steps += sum(int(case.draft_token_ids.shape[0]) for case in plan.greedy_cases)
+    steps += sum(entry.planned_runs for entry in plan.end_to_end.get(adapter.name, []))
     return steps
 
 
@@ -378,6 +463,47 @@ def _audit_greedy_case(
     return result
 
 
+def _audit_end_to_end(
+    adapter: Adapter,
+    entry: _EndToEndPlan,
+    config: AuditConfig,
+    budget: ErrorBudget,
+    advance: Callable[[int], None],
+    totals: TargetResult,
+) -> list[CheckResult]:
+    target = entry.target
+    context = CheckContext(
+        target=adapter.name,
+        case_id=target.name,
+        case_summary=target.description,
+        case_hash=end_to_end_case_hash(target.prompt_ids, target.new_tokens, target.greedy),
+        alpha=budget.per_assertion_alpha,
+        power=config.power,
+        tv=config.tv,
+        seed=derive_seed(config.seed, "end-to-end", target.name),
+    )
+    selected = [check_id for check_id in _end_to_end_check_ids(target) if config.selects(check_id)]
+    if entry.error is not None:
+        return _error_results(context, selected, entry.error)
+    before = accepted_length_snapshot(target.generator)
+    try:
+        if entry.plan is not None:
+            law, inside = check_sequence_law(
+                target.generator, target.prompt_ids, entry.plan, context, advance
+            )
+        else:
+            law, inside = check_greedy_sequences(
+                target.generator, target.prompt_ids, target.new_tokens, context, progress=advance
+            )
+    except Exception as error:
+        return _error_results(context, selected, error)
+    drafts = check_drafts_accepted(before, accepted_length_snapshot(target.generator), context)
+    totals.verify_steps += int(drafts.details.get("verify_steps", 0))
+    totals.verifier_calls += law.n
+    totals.verifier_time_s += inside
+    return [result for result in (law, drafts) if config.selects(result.check_id)]
+
+
 def run_audit(
     targets: Sequence[Adapter | UnavailableTarget],
     config: AuditConfig | None = None,
@@ -431,6 +557,11 @@ def run_audit(
                     _audit_greedy_case(target, greedy_case, config, plan.budget, totals)
                 )
                 tracker.advance(int(greedy_case.draft_token_ids.shape[0]))
+        for entry in plan.end_to_end.get(target.name, []):
+            tracker.label = f"{target.name} {entry.target.name}"
+            totals.checks += _audit_end_to_end(
+                target, entry, config, plan.budget, tracker.advance, totals
+            )
         totals.verdict = _target_verdict(totals.checks)
         totals.wall_time_s = time.perf_counter() - target_began
         results.append(totals)

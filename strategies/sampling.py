@@ -1,36 +1,17 @@
-"""Sampling parameters (temperature, top-k, top-p, min-p) and their exact float64 effect.
+"""Hypothesis strategy for sampling parameters (temperature, top-k, top-p, min-p).
 
-:func:`apply_sampling_parameters` turns logits ``[..., V]`` into the float64 distribution a
-sampler draws from, applying the filters in the order of Hugging Face transformers'
-``GenerationMixin._get_logits_processor`` (``TemperatureLogitsWarper``, ``TopKLogitsWarper``,
-``TopPLogitsWarper``, ``MinPLogitsWarper``, each with ``min_tokens_to_keep=1``):
-
-1. **temperature** ``T > 0``: ``logits / T``;
-2. **top-k**: keep every token whose scaled logit is ``>=`` the ``k``-th largest (ties at the
-   ``k``-th value are all kept, as ``scores < topk(scores, k)[..., -1]`` does);
-3. **top-p**: keep the most likely tokens until the mass ranked strictly before a token
-   reaches ``top_p`` (transformers' "remove where the ascending cumulative mass is
-   ``<= 1 - top_p``"); tokens tied with the last kept one are kept too, so the result does not
-   depend on how a sort orders ties;
-4. **min-p**: keep the tokens with ``prob >= min_p * max prob``, probabilities taken after the
-   earlier filters;
-
-then ``softmax`` in float64. Each filter keeps the most likely token, so at least one token
-always survives. vLLM's v1 sampler applies min-p *before* top-k/top-p (it is an
-argmax-invariant logits processor there); the two orders agree whenever min-p or both of
-top-k/top-p are off, which is how an adapter for vLLM should draw its parameters.
+:class:`SamplingParameters` and :func:`apply_sampling_parameters` (the filters' order and exact
+float64 effect) live in :mod:`losslessness.reference.processing`, the one implementation the
+reference spec-decode loop also uses; they are re-exported here.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-
-import torch
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 from hypothesis.strategies import SearchStrategy
 
+from losslessness.reference.processing import SamplingParameters, apply_sampling_parameters
 from strategies._common import check_float, check_int, label, log_uniform
 
 __all__ = [
@@ -54,100 +35,6 @@ MIN_P_RANGE = (0.0, 0.5)
 
 DEFAULT_MAX_TOP_K = 64
 """Default largest ``top_k`` drawn by :func:`sampling_parameters`."""
-
-
-@dataclass(frozen=True)
-class SamplingParameters:
-    """How a sampler reshapes logits before drawing; None turns a filter off.
-
-    Attributes:
-        temperature: ``T``, a finite float ``> 0`` (greedy decoding is a separate protocol).
-        top_k: keep the ``k`` largest logits (ties at the ``k``-th kept), an int ``>= 1``.
-        top_p: nucleus mass, a float in ``(0, 1]``.
-        min_p: keep tokens with at least ``min_p`` times the top probability, in ``[0, 1]``.
-
-    Raises:
-        ValueError: at construction, naming the first invalid field.
-    """
-
-    temperature: float = 1.0
-    top_k: int | None = None
-    top_p: float | None = None
-    min_p: float | None = None
-
-    def __post_init__(self) -> None:
-        temperature = self.temperature
-        if (
-            isinstance(temperature, bool)
-            or not isinstance(temperature, int | float)
-            or not (math.isfinite(temperature) and temperature > 0)
-        ):
-            raise ValueError(f"temperature={temperature!r} must be a finite float > 0")
-        top_k = self.top_k
-        if top_k is not None and (
-            isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1
-        ):
-            raise ValueError(f"top_k={top_k!r} must be None or an int >= 1")
-        for name, value, open_low in (("top_p", self.top_p, True), ("min_p", self.min_p, False)):
-            if value is None:
-                continue
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise ValueError(f"{name}={value!r} must be None or a float")
-            low_ok = value > 0 if open_low else value >= 0
-            if not (low_ok and value <= 1):
-                raise ValueError(
-                    f"{name}={value!r} must lie in {'(' if open_low else '['}0, 1] or be None"
-                )
-
-
-def _check_logits(logits: object) -> torch.Tensor:
-    if not isinstance(logits, torch.Tensor) or not logits.is_floating_point():
-        raise ValueError(f"logits must be a floating-point torch.Tensor, got {type(logits)}")
-    if logits.dim() < 1 or logits.shape[-1] < 1:
-        raise ValueError(f"logits must have shape [..., V] with V >= 1, got {tuple(logits.shape)}")
-    wide = logits.to(torch.float64)
-    if bool(torch.isnan(wide).any()) or bool((wide == math.inf).any()):
-        raise ValueError("logits must contain no NaN and no +inf")
-    if bool((wide == -math.inf).all(dim=-1).any()):
-        raise ValueError("logits must have at least one finite value in every row")
-    return wide
-
-
-def apply_sampling_parameters(logits: torch.Tensor, params: SamplingParameters) -> torch.Tensor:
-    """The float64 distribution sampled from ``logits`` under ``params`` (order in the module
-    docstring: temperature, top-k, top-p, min-p, as transformers applies them).
-
-    Args:
-        logits: ``[..., V]`` float tensor (any float dtype; converted to float64 first), no
-            NaN or ``+inf``, at least one finite value per row (``-inf`` masks a token).
-        params: the :class:`SamplingParameters`.
-
-    Returns:
-        ``[..., V]`` float64 tensor: non-negative rows summing to 1 within 1e-12, zero on
-        ``-inf`` and on filtered tokens, at least one positive entry per row (the argmax).
-
-    Raises:
-        ValueError: naming ``logits`` when it is malformed.
-    """
-    scores = _check_logits(logits) / params.temperature
-    minus_inf = torch.tensor(-math.inf, dtype=torch.float64)
-    if params.top_k is not None:
-        kept = min(params.top_k, scores.shape[-1])
-        kth = torch.topk(scores, kept, dim=-1).values[..., -1:]
-        scores = torch.where(scores < kth, minus_inf, scores)
-    if params.top_p is not None and params.top_p < 1.0:
-        probs = torch.softmax(scores, dim=-1)
-        ordered = probs.sort(dim=-1, descending=True).values
-        before = ordered.cumsum(dim=-1) - ordered  # mass ranked strictly before each token
-        keep = before < params.top_p
-        keep[..., 0] = True
-        cutoff = torch.where(keep, ordered, torch.ones_like(ordered)).amin(dim=-1, keepdim=True)
-        scores = torch.where(probs < cutoff, minus_inf, scores)
-    if params.min_p is not None and params.min_p > 0.0:
-        probs = torch.softmax(scores, dim=-1)
-        floor = params.min_p * probs.amax(dim=-1, keepdim=True)
-        scores = torch.where(probs < floor, minus_inf, scores)
-    return torch.softmax(scores, dim=-1)
 
 
 def sampling_parameters(

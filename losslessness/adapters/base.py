@@ -28,6 +28,9 @@ class EndToEndTarget:
         new_tokens: L, the number of generated tokens whose joint law is tested (V^L cells).
         greedy: the engine decodes greedily: its output must equal plain greedy decoding of
             ``next_token_probs`` token for token, instead of following the sampled law.
+        max_sequences: cap on the sequences the sequence-law check generates (slow engines);
+            None: only the audit's cap. A capped check reports the larger minimum detectable
+            TV it reached.
     """
 
     name: str
@@ -36,6 +39,7 @@ class EndToEndTarget:
     prompt_ids: tuple[int, ...]
     new_tokens: int
     greedy: bool = False
+    max_sequences: int | None = None
 
 
 @dataclass(frozen=True)

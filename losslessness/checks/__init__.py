@@ -1,5 +1,5 @@
 """The battery: one module per property (structure, conditional laws, acceptance,
-independence of identical rows, greedy).
+independence of identical rows, greedy, the end-to-end sequence law).
 
 Checks consume samples and exact laws and produce :class:`CheckResult` records; they never
 decide which samples to draw (``sampling``) or how many (``planning``).
@@ -14,6 +14,18 @@ from losslessness.checks.independence import check_row_independence
 from losslessness.checks.planning import CasePlan, count_statistical_assertions, plan_case
 from losslessness.checks.result import CheckContext, CheckKind, CheckResult, Verdict
 from losslessness.checks.sampling import ChainSamples, ProtocolViolation, sample_chain
+from losslessness.checks.sequence_law import (
+    DRAFTS_ACCEPTED_CHECK_ID,
+    SEQUENCE_CHECK_IDS,
+    SEQUENCE_GREEDY_CHECK_ID,
+    SEQUENCE_LAW_CHECK_ID,
+    SequencePlan,
+    accepted_length_snapshot,
+    check_drafts_accepted,
+    check_greedy_sequences,
+    check_sequence_law,
+    plan_sequence_law,
+)
 from losslessness.checks.structure import check_structure
 
 
@@ -45,7 +57,11 @@ GREEDY_CHECK_IDS = ("greedy",)
 __all__ = [
     "BATTERY_SEED",
     "CHAIN_CHECK_IDS",
+    "DRAFTS_ACCEPTED_CHECK_ID",
     "GREEDY_CHECK_IDS",
+    "SEQUENCE_CHECK_IDS",
+    "SEQUENCE_GREEDY_CHECK_ID",
+    "SEQUENCE_LAW_CHECK_ID",
     "CasePlan",
     "ChainCase",
     "ChainSamples",
@@ -54,16 +70,22 @@ __all__ = [
     "CheckResult",
     "GreedyCase",
     "ProtocolViolation",
+    "SequencePlan",
     "Verdict",
+    "accepted_length_snapshot",
     "check_acceptance",
     "check_conditional_laws",
+    "check_drafts_accepted",
     "check_greedy",
+    "check_greedy_sequences",
     "check_row_independence",
+    "check_sequence_law",
     "check_structure",
     "count_statistical_assertions",
     "default_chain_battery",
     "default_greedy_battery",
     "plan_case",
+    "plan_sequence_law",
     "run_chain_checks",
     "sample_chain",
 ]

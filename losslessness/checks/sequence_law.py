@@ -1,0 +1,426 @@
+"""Sequence law (DESIGN.md section 4, item 8): a whole engine's output follows the target.
+
+A speculative-decoding engine is lossless end to end when the law of the first L tokens it
+generates equals the target's autoregressive law with the user's sampling parameters,
+``prod_t p(x_t | prompt, x_<t)``. This sees the plumbing around the accept/reject rule that
+the chain checks cannot: sampling parameters applied to the target and not the draft, q not
+matching how the draft was chosen, the wrong logit row after a rollback, lost seeds.
+
+Three checks per end-to-end target:
+
+- ``sequence-law`` (statistical, one assertion): ``n`` sequences from
+  ``generate(prompt, L, seed_j)`` are identity-tested (:func:`losslessness.stats.identity_test`)
+  against the exact law enumerated from ``next_token_probs``
+  (:func:`losslessness.reference.sequences.exact_sequence_law`); a sequence outside its
+  support is an exact violation. ``n`` is planned for the design TV and power at the
+  per-assertion level (:func:`plan_sequence_law`).
+- ``sequence-greedy`` (exact, greedy engines): every run equals plain greedy decoding of
+  ``next_token_probs`` token for token.
+- ``drafts-accepted`` (exact, a warning): how many verify steps accepted each number of drafts
+  (:class:`~losslessness.protocol.ReportsAcceptedLengths`). An engine whose drafts are
+  (almost) never accepted passes the law trivially, since it is then plain decoding: when
+  fewer than :data:`MIN_ACCEPTING_SHARE` of its verify steps accepted at least one draft, the
+  result is SUBOPTIMAL with that warning (the law's verdict is unchanged).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from losslessness.checks.result import CheckContext, CheckKind, CheckResult, Verdict
+from losslessness.protocol import EndToEndGenerator, ReportsAcceptedLengths
+from losslessness.reference.decoding import greedy_decode
+from losslessness.reference.sequences import SequenceLaw, exact_sequence_law
+from losslessness.stats import (
+    exact_check_minimum_detectable_rate,
+    identity_minimum_detectable_tv,
+    identity_test,
+    plan_identity_test,
+)
+
+__all__ = [
+    "DRAFTS_ACCEPTED_CHECK_ID",
+    "GREEDY_SEQUENCE_RUNS",
+    "MIN_ACCEPTING_SHARE",
+    "SEQUENCE_CHECK_IDS",
+    "SEQUENCE_GREEDY_CHECK_ID",
+    "SEQUENCE_LAW_CHECK_ID",
+    "SequencePlan",
+    "accepted_length_snapshot",
+    "check_drafts_accepted",
+    "check_greedy_sequences",
+    "check_sequence_law",
+    "end_to_end_case_hash",
+    "plan_sequence_law",
+    "sequence_seed",
+]
+
+SEQUENCE_LAW_CHECK_ID = "sequence-law"
+SEQUENCE_GREEDY_CHECK_ID = "sequence-greedy"
+DRAFTS_ACCEPTED_CHECK_ID = "drafts-accepted"
+SEQUENCE_CHECK_IDS = (SEQUENCE_LAW_CHECK_ID, SEQUENCE_GREEDY_CHECK_ID, DRAFTS_ACCEPTED_CHECK_ID)
+"""Check ids an end-to-end target is audited with."""
+
+MIN_ACCEPTING_SHARE = 0.1
+"""Below this share of verify steps accepting at least one draft, ``drafts-accepted`` warns
+that the audit exercised the accept path too little to say much (it was mostly plain
+decoding). 10% is a judgement call: a working drafter on the toy and transformers targets
+accepts in well over half of its steps, a broken or mismatched one in almost none."""
+
+GREEDY_SEQUENCE_RUNS = 32
+"""Seeds a greedy engine is run with: greedy output must not depend on the seed at all."""
+
+ProgressCallback = Callable[[int], None]
+"""Called with the number of sequences generated since the last call."""
+
+_PROGRESS_EVERY = 64
+
+
+def sequence_seed(base_seed: int, index: int) -> int:
+    """Seed of the ``index``-th generated sequence of a check whose seed is ``base_seed``."""
+    return (base_seed + index) % 2**63
+
+
+def end_to_end_case_hash(prompt_ids: Sequence[int], new_tokens: int, greedy: bool) -> str:
+    """Short hash pinning what an end-to-end case asks for (prompt, L, greedy)."""
+    text = f"{list(prompt_ids)}|{new_tokens}|{greedy}"
+    return hashlib.blake2b(text.encode(), digest_size=6).hexdigest()
+
+
+@dataclass(frozen=True)
+class SequencePlan:
+    """How many sequences a sequence-law check generates, and what that detects.
+
+    Attributes:
+        law: the exact law of the first L tokens.
+        n: sequences to generate.
+        needed: sequences the design (tv, alpha, power) asks for, before the cap.
+        capped: True when the cap cut ``needed``.
+        min_detectable_tv: the smallest TV detected with the design power at ``n``.
+    """
+
+    law: SequenceLaw
+    n: int
+    needed: int
+    capped: bool
+    min_detectable_tv: float
+
+
+def plan_sequence_law(
+    generator: EndToEndGenerator,
+    prompt_ids: Sequence[int],
+    new_tokens: int,
+    tv: float,
+    alpha: float,
+    power: float,
+    max_sequences: int,
+    steps: int | None = None,
+) -> SequencePlan:
+    """Enumerate the exact law and size the identity test.
+
+    Args:
+        generator: the engine; only ``next_token_probs`` and ``vocab_size`` are used.
+        prompt_ids: the prompt.
+        new_tokens: L.
+        tv: design TV distance in (0, 1].
+        alpha: per-assertion significance level.
+        power: design power.
+        max_sequences: cap on ``n``.
+        steps: when set, ``n`` is exactly this (replays).
+
+    Returns:
+        :class:`SequencePlan`.
+
+    Raises:
+        ValueError: from :func:`losslessness.reference.sequences.exact_sequence_law` (too many
+            cells) or the planners.
+        InvalidInputError: ``next_token_probs`` returned a malformed row.
+        Exception: whatever ``next_token_probs`` raised.
+    """
+    law = exact_sequence_law(
+        generator.next_token_probs, prompt_ids, new_tokens, generator.vocab_size
+    )
+    design = plan_identity_test(law.probs, tv, alpha, power, max_n=max_sequences)
+    # When capped, report what the design would need, so the user sees what the cap cost.
+    needed = plan_identity_test(law.probs, tv, alpha, power).n if design.capped else design.n
+    n = steps if steps is not None else design.n
+    reached = identity_minimum_detectable_tv(law.probs, n, alpha, power).minimum_detectable_tv
+    return SequencePlan(law, n, needed, steps is None and design.capped, reached)
+
+
+def _generate_all(
+    generator: EndToEndGenerator,
+    prompt_ids: Sequence[int],
+    new_tokens: int,
+    n: int,
+    seed: int,
+    progress: ProgressCallback | None,
+) -> tuple[list[list[int]], float]:
+    sequences = []
+    inside = 0.0
+    for index in range(n):
+        began = time.perf_counter()
+        sequences.append(
+            generator.generate(list(prompt_ids), new_tokens, sequence_seed(seed, index))
+        )
+        inside += time.perf_counter() - began
+        if progress is not None and (index + 1) % _PROGRESS_EVERY == 0:
+            progress(_PROGRESS_EVERY)
+    if progress is not None and n % _PROGRESS_EVERY:
+        progress(n % _PROGRESS_EVERY)
+    return sequences, inside
+
+
+def _malformed(sequence: object, new_tokens: int, vocab_size: int) -> str | None:
+    if not isinstance(sequence, list | tuple):
+        return f"returned a {type(sequence).__name__}, not a list of token ids"
+    if len(sequence) != new_tokens:
+        return f"returned {len(sequence)} tokens, expected {new_tokens}: {list(sequence)}"
+    for token in sequence:
+        if isinstance(token, bool) or not isinstance(token, int | np.integer):
+            return f"returned a non-integer token {token!r}"
+        if not 0 <= int(token) < vocab_size:
+            return f"returned token id {int(token)} outside [0, {vocab_size})"
+    return None
+
+
+def check_sequence_law(
+    generator: EndToEndGenerator,
+    prompt_ids: Sequence[int],
+    plan: SequencePlan,
+    context: CheckContext,
+    progress: ProgressCallback | None = None,
+) -> tuple[CheckResult, float]:
+    """Generate ``plan.n`` sequences and identity-test them against ``plan.law``.
+
+    Args:
+        generator: the engine; sequence j uses seed ``sequence_seed(context.seed, j)``.
+        prompt_ids: the prompt ``plan.law`` was enumerated for.
+        plan: from :func:`plan_sequence_law`.
+        context: the case's context (its ``alpha`` is the per-assertion level).
+        progress: called with the number of sequences generated since the last call.
+
+    Returns:
+        The ``sequence-law`` :class:`CheckResult` (LOSSY on a malformed output, a sequence
+        outside the law's support, or ``p_value <= alpha``; details: cells, pooled cells and
+        mass, the sequence whose count is furthest from its expectation) and the seconds spent
+        inside ``generate``.
+
+    Raises:
+        Exception: whatever ``generate`` raised, unchanged.
+    """
+    law = plan.law
+    began = time.perf_counter()
+    sequences, inside = _generate_all(
+        generator, prompt_ids, law.new_tokens, plan.n, context.seed, progress
+    )
+    sampling_time = time.perf_counter() - began
+    details: dict[str, Any] = {
+        "steps": plan.n,
+        "cells": law.n_cells,
+        "new_tokens": law.new_tokens,
+        "vocab_size": law.vocab_size,
+        "needed_sequences": plan.needed,
+        "capped": plan.capped,
+        "law_calls": law.law_calls,
+    }
+    common: dict[str, Any] = {
+        "kind": CheckKind.STATISTICAL,
+        "n": plan.n,
+        "min_detectable_tv": plan.min_detectable_tv,
+        "wall_time_s": sampling_time,
+        "details": details,
+    }
+    for index, sequence in enumerate(sequences):
+        problem = _malformed(sequence, law.new_tokens, law.vocab_size)
+        if problem is not None:
+            seed = sequence_seed(context.seed, index)
+            return context.result(
+                SEQUENCE_LAW_CHECK_ID,
+                verdict=Verdict.LOSSY,
+                p_value=0.0,
+                message=f"malformed output: generate(seed={seed}) {problem}",
+                **common,
+            ), inside
+    cells = law.index()
+    outside = len(cells)
+    observed = np.bincount(
+        [cells.get(tuple(int(t) for t in sequence), outside) for sequence in sequences],
+        minlength=outside + 1,
+    )
+    probs = np.append(law.probs, 0.0)
+    test = identity_test(observed, probs)
+    details.update(
+        pooled_cells=test.pooled_cells,
+        pooled_mass=test.pooled_mass,
+        sequences_outside_support=test.zero_mass_count,
+    )
+    lossy = test.zero_mass_count > 0 or test.pvalue <= context.alpha
+    if test.zero_mass_count:
+        index = next(j for j, sequence in enumerate(sequences) if tuple(sequence) not in cells)
+        message = (
+            f"{test.zero_mass_count} of {plan.n} sequences have probability 0 under the target; "
+            f"first: {list(sequences[index])} (seed {sequence_seed(context.seed, index)})"
+        )
+    else:
+        expected = law.probs * plan.n
+        worst = int(np.argmax(np.abs(observed[:outside] - expected)))
+        details["most_deviant"] = {
+            "sequence": list(law.sequences[worst]),
+            "observed": int(observed[worst]),
+            "expected": float(expected[worst]),
+        }
+        message = (
+            f"{law.n_cells} cells (L={law.new_tokens}, V={law.vocab_size}), p-value "
+            f"{test.pvalue:.3g} {'<=' if lossy else '>'} alpha {context.alpha:.3g}; most "
+            f"deviant sequence {list(law.sequences[worst])}: observed {int(observed[worst])}, "
+            f"expected {expected[worst]:.1f}"
+        )
+    return context.result(
+        SEQUENCE_LAW_CHECK_ID,
+        verdict=Verdict.LOSSY if lossy else Verdict.PASS,
+        statistic=test.statistic,
+        df=test.df,
+        p_value=0.0 if test.zero_mass_count else test.pvalue,
+        message=message,
+        **common,
+    ), inside
+
+
+def check_greedy_sequences(
+    generator: EndToEndGenerator,
+    prompt_ids: Sequence[int],
+    new_tokens: int,
+    context: CheckContext,
+    runs: int = GREEDY_SEQUENCE_RUNS,
+    progress: ProgressCallback | None = None,
+) -> tuple[CheckResult, float]:
+    """Greedy engines: ``generate(prompt, L, seed_j)`` for ``runs`` seeds must each equal
+    plain greedy decoding of ``next_token_probs`` (argmax, lowest index on ties).
+
+    Returns:
+        The exact ``sequence-greedy`` :class:`CheckResult` (LOSSY with the first differing
+        position) and the seconds spent inside ``generate``.
+
+    Raises:
+        Exception: whatever the generator raised, unchanged.
+    """
+    began = time.perf_counter()
+    expected = greedy_decode(generator.next_token_probs, prompt_ids, new_tokens)
+    sequences, inside = _generate_all(
+        generator, prompt_ids, new_tokens, runs, context.seed, progress
+    )
+    wrong = [j for j, sequence in enumerate(sequences) if list(sequence) != expected]
+    message = f"all {runs} runs equal plain greedy decoding ({new_tokens} tokens)"
+    if wrong:
+        got = list(sequences[wrong[0]])
+        position = next(
+            (i for i, (a, b) in enumerate(zip(got, expected, strict=False)) if a != b),
+            min(len(got), len(expected)),
+        )
+        message = (
+            f"{len(wrong)} of {runs} runs differ from plain greedy decoding; first: seed "
+            f"{sequence_seed(context.seed, wrong[0])}, position {position}: expected "
+            f"{expected}, got {got}"
+        )
+    return context.result(
+        SEQUENCE_GREEDY_CHECK_ID,
+        kind=CheckKind.EXACT,
+        n=runs,
+        verdict=Verdict.LOSSY if wrong else Verdict.PASS,
+        statistic=float(len(wrong)),
+        p_value=0.0 if wrong else 1.0,
+        min_detectable_tv=exact_check_minimum_detectable_rate(runs, context.power),
+        wall_time_s=time.perf_counter() - began,
+        message=message,
+        details={"steps": runs, "new_tokens": new_tokens, "expected": expected},
+    ), inside
+
+
+def accepted_length_snapshot(generator: object) -> dict[int, int] | None:
+    """The generator's accepted-length counts now, or None if it does not report them."""
+    if not isinstance(generator, ReportsAcceptedLengths):
+        return None
+    return {int(length): int(count) for length, count in generator.accepted_length_counts().items()}
+
+
+def check_drafts_accepted(
+    before: dict[int, int] | None, after: dict[int, int] | None, context: CheckContext
+) -> CheckResult:
+    """Whether the audited runs really exercised speculation (see the module docstring).
+
+    Args:
+        before: :func:`accepted_length_snapshot` before the runs (None: not reported).
+        after: the snapshot after them.
+        context: the case's context.
+
+    Returns:
+        The exact ``drafts-accepted`` :class:`CheckResult`: PASS when at least
+        :data:`MIN_ACCEPTING_SHARE` of the verify steps accepted one draft or more,
+        SUBOPTIMAL (a warning, never LOSSY) below it, SKIPPED when the engine reports no
+        accepted lengths. ``details`` holds the histogram (accepted length -> verify steps),
+        the verify steps, the shares accepting >= 1 and >= 2 drafts, and the mean accepted
+        length.
+    """
+    if before is None or after is None:
+        return context.result(
+            DRAFTS_ACCEPTED_CHECK_ID,
+            kind=CheckKind.EXACT,
+            n=0,
+            verdict=Verdict.SKIPPED,
+            min_detectable_tv=float("inf"),
+            message="the engine does not report accepted lengths (ReportsAcceptedLengths)",
+        )
+    histogram = {
+        length: after.get(length, 0) - before.get(length, 0)
+        for length in sorted(set(before) | set(after))
+        if after.get(length, 0) - before.get(length, 0)
+    }
+    steps = sum(histogram.values())
+    if steps == 0:
+        return context.result(
+            DRAFTS_ACCEPTED_CHECK_ID,
+            kind=CheckKind.EXACT,
+            n=0,
+            verdict=Verdict.SKIPPED,
+            min_detectable_tv=float("inf"),
+            message="the engine reported no verify steps",
+        )
+    any_share = sum(c for length, c in histogram.items() if length >= 1) / steps
+    multi_share = sum(c for length, c in histogram.items() if length >= 2) / steps
+    mean = sum(length * c for length, c in histogram.items()) / steps
+    details = {
+        "accepted_length_counts": {str(length): count for length, count in histogram.items()},
+        "verify_steps": steps,
+        "share_accepting_any": any_share,
+        "share_accepting_more_than_one": multi_share,
+        "mean_accepted_length": mean,
+        "min_accepting_share": MIN_ACCEPTING_SHARE,
+    }
+    summary = (
+        f"{steps} verify steps; accepted lengths {histogram}; >= 1 draft accepted in "
+        f"{any_share:.1%}, >= 2 in {multi_share:.1%}; mean accepted length {mean:.3g}"
+    )
+    weak = any_share < MIN_ACCEPTING_SHARE
+    if weak:
+        summary = (
+            f"drafts were (almost) never accepted: {summary} (< {MIN_ACCEPTING_SHARE:.0%} of "
+            "steps accepted any). The engine ran as plain decoding, so a passing sequence law "
+            "says little about its accept path."
+        )
+    return context.result(
+        DRAFTS_ACCEPTED_CHECK_ID,
+        kind=CheckKind.EXACT,
+        n=steps,
+        verdict=Verdict.SUBOPTIMAL if weak else Verdict.PASS,
+        statistic=any_share,
+        min_detectable_tv=float("inf"),
+        message=summary,
+        details=details,
+    )

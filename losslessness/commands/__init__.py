@@ -1,0 +1,1 @@
+"""Click commands of the CLI, one module each, registered in :mod:`losslessness.cli`."""

@@ -1,0 +1,176 @@
+"""End-to-end audits: the toy adapter (the reference loop) comes out LOSSLESS with drafts of
+length > 1 accepted in most steps; the three plumbing mutants come out LOSSY; an honest drafter
+that ignores the temperature stays LOSSLESS (losslessness needs d ~ q, not q close to p); the
+sequence-law assertions share the run's Bonferroni budget; `losslessness audit toy` works from
+the command line; crashes and drafters that are never right are reported, not hidden."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from losslessness.adapters import Adapter, EndToEndTarget
+from losslessness.adapters.reference import adapter as reference_adapter
+from losslessness.adapters.toy import MUTANT_TEMPERATURE, adapter, mutant_adapter, toy_models
+from losslessness.audit import AuditConfig, TargetVerdict, plan_audit, run_audit
+from losslessness.checks import Verdict, count_statistical_assertions, default_chain_battery
+from losslessness.cli import main
+from losslessness.reference.decoding import SpeculativeDecoder
+from losslessness.reference.proposers import DraftModelProposer, Proposal, one_hot_rows
+from losslessness.reference.toy import MarkovLM
+
+MUTANT_DESIGN = AuditConfig(tv=0.1)
+"""Mutants are audited at design TV 0.1 (power 0.9, family-wise 1e-3): a quarter of the
+default sample size; at the default design (TV 0.05) each is caught with p-value ~0 too."""
+
+
+def test_toy_adapter_is_lossless_at_default_settings_with_long_accepted_drafts() -> None:
+    """Default design (TV 0.05, power 0.9, family-wise 1e-3 over the 2 sampled targets): every
+    check passes, and drafts of length >= 2 are accepted in over half of the verify steps of
+    the draft-model and n-gram sampled targets."""
+    result = run_audit([adapter()], AuditConfig())
+    target = result.targets[0]
+    assert target.verdict is TargetVerdict.LOSSLESS, [c.message for c in target.checks]
+    assert result.n_assertions == 2
+    by_case = {(c.case_id, c.check_id): c for c in target.checks}
+    assert set(by_case) == {
+        (case, check)
+        for case in ("toy/draft-sampling", "toy/ngram-sampling")
+        for check in ("sequence-law", "drafts-accepted")
+    } | {
+        (case, check)
+        for case in ("toy/draft-greedy", "toy/ngram-greedy")
+        for check in ("sequence-greedy", "drafts-accepted")
+    }
+    for case in ("toy/draft-sampling", "toy/ngram-sampling"):
+        law = by_case[case, "sequence-law"]
+        assert law.min_detectable_tv <= 0.05 and law.alpha == pytest.approx(5e-4)
+        drafts = by_case[case, "drafts-accepted"].details
+        assert drafts["share_accepting_more_than_one"] > 0.5, drafts
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "toy-mutant/untempered-draft",
+        "toy-mutant/greedy-draft-softmax-q",
+        "toy-mutant/rejected-token-kept",
+    ],
+)
+def test_plumbing_mutant_is_caught_by_the_sequence_law(name: str) -> None:
+    """Each mutant (a correct verifier inside a wrong loop) is LOSSY on its sequence law."""
+    mutants = mutant_adapter()
+    (target,) = [t for t in mutants.end_to_end if t.name == name]
+    audited = Adapter(mutants.name, mutants.description, end_to_end=(target,))
+    result = run_audit([audited], MUTANT_DESIGN)
+    checks = {c.check_id: c for c in result.targets[0].checks}
+    assert result.targets[0].verdict is TargetVerdict.LOSSY
+    assert checks["sequence-law"].verdict is Verdict.LOSSY, checks["sequence-law"].message
+    assert result.exit_code == 1
+
+
+def test_honest_drafter_without_temperature_stays_lossless() -> None:
+    """Control for the untempered-draft mutant: a drafter sampling its raw softmax *and
+    reporting it* as q is lossless, however far q is from the tempered target."""
+    target, draft = toy_models()
+    loop = SpeculativeDecoder(target, DraftModelProposer(draft, None), 3, MUTANT_TEMPERATURE)
+    honest = Adapter(
+        "honest",
+        "raw-softmax drafts reported as such",
+        end_to_end=(EndToEndTarget("honest/raw-draft", "raw draft", loop, (1, 4, 2), 3),),
+    )
+    result = run_audit([honest], MUTANT_DESIGN)
+    assert result.targets[0].verdict is TargetVerdict.LOSSLESS, result.targets[0].checks
+
+
+def test_sequence_law_assertions_share_the_bonferroni_budget_with_chain_checks() -> None:
+    """Planned together, the reference's chain assertions and the toy's two sampled targets
+    split one family-wise rate; sequence-law is one assertion per sampled target."""
+    config = AuditConfig(tv=0.1)
+    plan = plan_audit([reference_adapter, adapter()], config)
+    chain = sum(count_statistical_assertions(case) for case in default_chain_battery())
+    assert plan.budget.n_assertions == chain + 2
+    only = plan_audit([reference_adapter, adapter()], AuditConfig(only=("sequence-law",)))
+    assert only.budget.n_assertions == 2 and not only.chain_cases
+
+
+class NeverRight:
+    """Greedy drafter that always proposes a token other than the target's argmax."""
+
+    def __init__(self, target: MarkovLM) -> None:
+        self.target = target
+        self.vocab_size = target.vocab_size
+
+    def propose(self, context: Sequence[int], k: int, generator: torch.Generator) -> Proposal:
+        token = (int(self.target.next_token_probs(context).argmax()) + 1) % self.vocab_size
+        return Proposal([token], one_hot_rows([token], self.vocab_size))
+
+
+class Crashing(SpeculativeDecoder):
+    def generate(self, prompt_ids: list[int], max_new_tokens: int, seed: int) -> list[int]:  # type: ignore[override]
+        raise RuntimeError("engine fell over")
+
+
+def test_never_accepted_drafts_warn_and_crashes_are_errors() -> None:
+    """A greedy loop whose drafts are never accepted passes the greedy check but is flagged
+    SUBOPTIMAL by drafts-accepted; a generate that raises is ERROR; the audit goes on."""
+    target, draft = toy_models()
+    never = SpeculativeDecoder(target, NeverRight(target), 1, greedy=True)
+    crashing = Crashing(target, DraftModelProposer(draft), 2)
+    audited = Adapter(
+        "odd",
+        "odd engines",
+        end_to_end=(
+            EndToEndTarget("odd/crash", "raises", crashing, (1,), 2),
+            EndToEndTarget("odd/never", "never right", never, (1,), 8, greedy=True),
+        ),
+    )
+    result = run_audit([audited], AuditConfig(tv=0.2))
+    checks = {(c.case_id, c.check_id): c for c in result.targets[0].checks}
+    assert checks["odd/crash", "sequence-law"].verdict is Verdict.ERROR
+    assert "engine fell over" in checks["odd/crash", "sequence-law"].message
+    assert checks["odd/never", "sequence-greedy"].verdict is Verdict.PASS
+    assert checks["odd/never", "drafts-accepted"].verdict is Verdict.SUBOPTIMAL
+    assert result.targets[0].verdict is TargetVerdict.ERROR and result.exit_code == 3
+
+
+def test_cli_audits_toy_targets_and_replays_by_case(tmp_path: Path) -> None:
+    """`losslessness audit toy --case ... --json` runs the end-to-end checks and exits 0; the
+    JSON carries the new check ids and the accepted-length histogram; unknown cases exit 2."""
+    path = tmp_path / "toy.json"
+    runner = CliRunner()
+    result = runner.invoke(
+        main,
+        [
+            "audit",
+            "toy",
+            "--no-progress",
+            "--tv",
+            "0.2",
+            "--case",
+            "toy/ngram-sampling",
+            "--case",
+            "toy/draft-greedy",
+            "--json",
+            str(path),
+        ],
+        catch_exceptions=False,
+    )
+    assert result.exit_code == 0, result.output
+    record = json.loads(path.read_text())
+    checks = {(c["case_id"], c["check_id"]): c for c in record["targets"][0]["checks"]}
+    assert set(checks) == {
+        ("toy/ngram-sampling", "sequence-law"),
+        ("toy/ngram-sampling", "drafts-accepted"),
+        ("toy/draft-greedy", "sequence-greedy"),
+        ("toy/draft-greedy", "drafts-accepted"),
+    }
+    histogram = checks["toy/ngram-sampling", "drafts-accepted"]["details"]
+    assert sum(histogram["accepted_length_counts"].values()) == histogram["verify_steps"]
+    bad = runner.invoke(main, ["audit", "toy", "--no-progress", "--case", "toy/nothing"])
+    assert bad.exit_code == 2 and "unknown case ids" in bad.output

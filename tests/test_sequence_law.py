@@ -1,0 +1,171 @@
+"""The sequence-law check on crafted engines (fast: plain samplers, no speculation): an engine
+that samples the target's law passes; one that samples another temperature, leaves the top-k
+support, or returns malformed output is LOSSY; greedy engines must equal greedy decoding; the
+drafts-accepted warning fires when drafts are (almost) never accepted; capped plans report what
+they can detect."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from losslessness.checks import (
+    CheckContext,
+    Verdict,
+    check_drafts_accepted,
+    check_greedy_sequences,
+    check_sequence_law,
+    plan_sequence_law,
+)
+from losslessness.reference.decoding import greedy_decode, sample_autoregressive
+from losslessness.reference.processing import SamplingParameters
+from losslessness.reference.toy import MarkovLM
+
+ALPHA = 1e-3
+"""Significance level of every identity test here (one per test function)."""
+
+SEED = 11
+"""Base seed of the checks' contexts (sequence j of a check uses SEED + j)."""
+
+PROMPT = (2, 0)
+TARGET_SAMPLING = SamplingParameters(temperature=0.7, top_k=3)
+
+
+class PlainSampler:
+    """An engine that samples autoregressively from ``model`` with ``sampling`` and reports the
+    law with ``reported`` (the target's) as next_token_probs; optionally greedy."""
+
+    def __init__(
+        self,
+        sampling: SamplingParameters,
+        reported: SamplingParameters = TARGET_SAMPLING,
+        greedy: bool = False,
+    ) -> None:
+        self.model = MarkovLM.random(4, order=2, sharpness=1.5, seed=SEED)
+        self.vocab_size = 4
+        self.sampling = sampling
+        self.reported = reported
+        self.greedy = greedy
+
+    def next_token_probs(self, prefix_ids: list[int]) -> torch.Tensor:
+        return self.model.next_token_probs(prefix_ids, self.reported)
+
+    def generate(self, prompt_ids: list[int], max_new_tokens: int, seed: int) -> list[int]:
+        def law(prefix: list[int]) -> torch.Tensor:
+            return self.model.next_token_probs(prefix, self.sampling)
+
+        if self.greedy:
+            return greedy_decode(law, prompt_ids, max_new_tokens)
+        generator = torch.Generator().manual_seed(seed)
+        return sample_autoregressive(law, prompt_ids, max_new_tokens, generator)
+
+
+def context(alpha: float = ALPHA) -> CheckContext:
+    return CheckContext("crafted", "case", "crafted engine", "hash", alpha, 0.9, 0.1, SEED)
+
+
+def run(engine: PlainSampler, tv: float = 0.1, max_sequences: int = 50_000) -> tuple:  # type: ignore[type-arg]
+    plan = plan_sequence_law(engine, PROMPT, 3, tv, ALPHA, 0.9, max_sequences)
+    result, inside = check_sequence_law(engine, PROMPT, plan, context())
+    return plan, result, inside
+
+
+def test_engine_sampling_the_target_law_passes_with_stated_design() -> None:
+    """Correct engine: PASS at level 1e-3, with n planned for TV 0.1 at power 0.9 and the
+    minimum detectable TV at that n reported (<= 0.1)."""
+    plan, result, inside = run(PlainSampler(TARGET_SAMPLING))
+    assert result.verdict is Verdict.PASS, result.message
+    assert result.n == plan.n and not plan.capped and result.min_detectable_tv <= 0.1
+    assert result.p_value is not None and result.p_value > ALPHA
+    assert result.details["cells"] == plan.law.n_cells <= 27 and inside > 0
+
+
+def test_temperature_applied_differently_is_lossy() -> None:
+    """An engine sampling at temperature 1.0 while the target's law is at 0.7 (same top-k)."""
+    _, result, _ = run(PlainSampler(SamplingParameters(temperature=1.0, top_k=3)))
+    assert result.verdict is Verdict.LOSSY
+    assert result.p_value is not None and result.p_value <= ALPHA
+    assert "most deviant sequence" in result.message
+
+
+def test_sequence_outside_the_top_k_support_is_an_exact_violation() -> None:
+    """Sampling without the top-k filter emits sequences of probability 0 under the target: the
+    message names one and the seed that replays it."""
+    _, result, _ = run(PlainSampler(SamplingParameters(temperature=0.7)))
+    assert result.verdict is Verdict.LOSSY and result.p_value == 0.0
+    assert result.details["sequences_outside_support"] > 0
+    assert "have probability 0 under the target" in result.message and "seed" in result.message
+
+
+def test_malformed_output_is_lossy_with_the_seed() -> None:
+    """An engine returning L - 1 tokens is reported as malformed, naming the seed."""
+    engine = PlainSampler(TARGET_SAMPLING)
+    plan = plan_sequence_law(engine, PROMPT, 3, 0.1, ALPHA, 0.9, 1000)
+    short = type(
+        "Short",
+        (),
+        {
+            "vocab_size": 4,
+            "next_token_probs": engine.next_token_probs,
+            "generate": lambda self, prompt, n, seed: engine.generate(prompt, n - 1, seed),
+        },
+    )()
+    result, _ = check_sequence_law(short, PROMPT, plan, context())
+    assert result.verdict is Verdict.LOSSY
+    assert result.message.startswith(f"malformed output: generate(seed={SEED}) returned 2 tokens")
+
+
+def test_check_is_reproducible_from_its_seed() -> None:
+    """Same context seed, same engine: the same statistic."""
+    first = run(PlainSampler(TARGET_SAMPLING))[1]
+    second = run(PlainSampler(TARGET_SAMPLING))[1]
+    assert first.statistic == second.statistic and first.seed == SEED
+
+
+def test_capped_plan_reports_what_it_can_detect() -> None:
+    """With max_sequences below the design's n, the plan is capped, needs more than it uses,
+    and its minimum detectable TV exceeds the design TV; steps overrides n exactly."""
+    engine = PlainSampler(TARGET_SAMPLING)
+    plan = plan_sequence_law(engine, PROMPT, 3, 0.05, ALPHA, 0.9, 300)
+    assert plan.capped and plan.n == 300 < plan.needed
+    assert plan.min_detectable_tv > 0.05
+    replay = plan_sequence_law(engine, PROMPT, 3, 0.05, ALPHA, 0.9, 300, steps=123)
+    assert replay.n == 123 and not replay.capped
+
+
+def test_greedy_engine_equal_to_greedy_decoding_passes() -> None:
+    """32 runs, all equal to argmax decoding of the target's law."""
+    engine = PlainSampler(TARGET_SAMPLING, greedy=True)
+    result, _ = check_greedy_sequences(engine, PROMPT, 12, context())
+    assert result.verdict is Verdict.PASS and result.n == 32, result.message
+
+
+def test_greedy_engine_with_another_argmax_is_lossy_at_the_first_difference() -> None:
+    """An engine decoding greedily under another law (temperature is argmax-invariant, so a
+    different model): LOSSY, naming the first differing position."""
+    engine = PlainSampler(TARGET_SAMPLING, greedy=True)
+    engine.model = MarkovLM.random(4, order=2, sharpness=1.5, seed=SEED + 1)
+    reference = PlainSampler(TARGET_SAMPLING, greedy=True)
+    engine.next_token_probs = reference.next_token_probs  # type: ignore[method-assign]
+    result, _ = check_greedy_sequences(engine, PROMPT, 12, context())
+    assert result.verdict is Verdict.LOSSY
+    assert "32 of 32 runs differ from plain greedy decoding" in result.message
+    assert "position" in result.message
+
+
+def test_drafts_accepted_flags_engines_whose_drafts_are_never_accepted() -> None:
+    """Below 10% of verify steps accepting any draft: SUBOPTIMAL with the warning; otherwise
+    PASS; the histogram is the difference of the two snapshots."""
+    weak = check_drafts_accepted({0: 10}, {0: 110, 1: 5}, context())
+    assert weak.verdict is Verdict.SUBOPTIMAL and "almost) never accepted" in weak.message
+    assert weak.details["accepted_length_counts"] == {"0": 100, "1": 5}
+    good = check_drafts_accepted({}, {0: 30, 1: 20, 2: 20, 3: 30}, context())
+    assert good.verdict is Verdict.PASS
+    assert good.details["share_accepting_more_than_one"] == pytest.approx(0.5)
+    assert good.details["mean_accepted_length"] == pytest.approx(1.5)
+
+
+def test_drafts_accepted_is_skipped_for_engines_that_do_not_report() -> None:
+    """No ReportsAcceptedLengths (or no verify steps): SKIPPED, never PASS."""
+    assert check_drafts_accepted(None, None, context()).verdict is Verdict.SKIPPED
+    assert check_drafts_accepted({1: 4}, {1: 4}, context()).verdict is Verdict.SKIPPED
