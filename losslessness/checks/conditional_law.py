@@ -5,11 +5,16 @@ follow p_i: position 0 is the marginal, position k the bonus token. Each (row ty
 is one identity test (Cressie-Read power divergence, lambda = 2/3) at the per-assertion level,
 plus its exact part: a token with p_i = 0 (or an id outside the vocabulary) is never emitted.
 With a one-hot p_i the whole check is exact (``edge.one-hot``).
+
+For the reports each result's ``details`` carries the observed counts and p_i of the
+:data:`LAW_CELLS_KEPT` cells of largest p_i (ties: lowest token id) and one "other" cell
+pooling the rest, so a record stays bounded in size for any vocabulary.
 """
 
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import numpy as np
 
@@ -22,6 +27,33 @@ from losslessness.stats import (
     identity_minimum_detectable_tv,
     identity_test,
 )
+
+LAW_CELLS_KEPT = 40
+"""Cells of largest target probability whose counts a law result keeps in ``details``."""
+
+
+def law_cells(observed: np.ndarray, p: np.ndarray) -> dict[str, Any]:
+    """The bounded per-cell record of one position for ``details``.
+
+    Args:
+        observed: ``[V]`` int counts of the emitted tokens in the vocabulary.
+        p: ``[V]`` float target law p_i.
+
+    Returns:
+        ``cell_tokens`` (token ids, by decreasing p, ties lowest id first), ``cell_observed``
+        (their counts), ``cell_p`` (their p_i), and ``other_observed`` / ``other_p``: the
+        counts and mass of every other cell (0 when V <= :data:`LAW_CELLS_KEPT`).
+    """
+    order = np.lexsort((np.arange(p.size), -p))[:LAW_CELLS_KEPT]
+    rest = np.ones(p.size, dtype=bool)
+    rest[order] = False
+    return {
+        "cell_tokens": [int(token) for token in order],
+        "cell_observed": [int(count) for count in observed[order]],
+        "cell_p": [float(mass) for mass in p[order]],
+        "other_observed": int(observed[rest].sum()),
+        "other_p": float(p[rest].sum()),
+    }
 
 
 def check_conditional_laws(samples: ChainSamples, context: CheckContext) -> list[CheckResult]:
@@ -63,7 +95,8 @@ def check_conditional_laws(samples: ChainSamples, context: CheckContext) -> list
                 continue
             in_vocab = (tokens >= 0) & (tokens < case.vocab_size)
             out_of_vocab = int((~in_vocab).sum())
-            test = identity_test(np.bincount(tokens[in_vocab], minlength=case.vocab_size), p)
+            observed_counts = np.bincount(tokens[in_vocab], minlength=case.vocab_size)
+            test = identity_test(observed_counts, p)
             impossible = test.zero_mass_count + out_of_vocab
             if statistical:
                 bound = identity_minimum_detectable_tv(p, test.n, context.alpha, context.power)
@@ -75,6 +108,7 @@ def check_conditional_laws(samples: ChainSamples, context: CheckContext) -> list
                 pooled_mass=test.pooled_mass,
                 zero_mass_count=test.zero_mass_count,
                 out_of_vocab=out_of_vocab,
+                **law_cells(observed_counts, p),
             )
             if impossible:
                 verdict = Verdict.LOSSY
