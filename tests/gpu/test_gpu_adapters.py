@@ -1,0 +1,94 @@
+"""GPU adapters against the CPU reference (issue 6, parts 2-3): run by ``tox -e gpu``.
+
+Each test is marked ``gpu`` and skips with the reason when CUDA or the adapter's package is
+missing, so the default ``tox -e py`` collects this module and skips it in milliseconds. With
+a GPU: every adapter that takes ``uniforms=`` is coupled with the CPU reference (decisions
+compared one by one, precision-only flips excused), the others are identity-tested and
+two-sample-tested; the reference on CUDA is coupled with the reference on CPU.
+Statistical assertions run at 1e-5 each (at most a few dozen per test).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+
+from losslessness.adapters import AdapterUnavailable
+from losslessness.checks import Verdict, default_chain_battery
+from losslessness.checks.coupling import (
+    accepts_uniforms,
+    check_coupling,
+    couples_final_token,
+    deterministic_draft_case,
+)
+from losslessness.reference import verify
+
+CUDA = torch.cuda.is_available()
+needs_cuda = pytest.mark.skipif(not CUDA, reason="CUDA is not available")
+CASE_IDS = ("v2-tilted", "v16-near-k4", "v64-zeros", "v1000-peaked", "v32-mixed-batch")
+CASES = {case.case_id: case for case in default_chain_battery()}
+ADAPTERS = {
+    "vllm": "losslessness.adapters.vllm",
+    "flashinfer": "losslessness.adapters.flashinfer",
+    "sglang": "losslessness.adapters.sglang",
+    "transformers-cuda": "losslessness.adapters.transformers_cuda",
+}
+ALPHA = 1e-5
+STEPS = 4000
+
+
+def _chain(name: str):  # type: ignore[no-untyped-def]
+    try:
+        chain = importlib.import_module(ADAPTERS[name]).adapter().chain
+    except AdapterUnavailable as error:
+        pytest.skip(f"{name}: {error}")
+    return chain
+
+
+@pytest.mark.parametrize("name", sorted(ADAPTERS))
+def test_gpu_adapter_is_unavailable_with_a_reason_or_loads(name: str) -> None:
+    """Without its package or CUDA an adapter raises AdapterUnavailable naming the reason;
+    with them it loads a chain verifier (runs everywhere, fast)."""
+    module = importlib.import_module(ADAPTERS[name])
+    try:
+        loaded = module.adapter()
+    except AdapterUnavailable as error:
+        assert str(error)
+        return
+    assert loaded.chain is not None
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("case_id", CASE_IDS)
+def test_gpu_reference_on_cuda_couples_with_cpu_reference(case_id: str, dtype: torch.dtype) -> None:
+    """The device-generic reference on CUDA makes the CPU reference's decisions, given the
+    same uniforms (float32 inputs: within tolerance)."""
+    (result,) = check_coupling(verify, CASES[case_id], STEPS, seed=1, dtype=dtype, device="cuda")
+    assert result.verdict is Verdict.PASS, result.message
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("case_id", CASE_IDS)
+@pytest.mark.parametrize("name", sorted(ADAPTERS))
+def test_gpu_adapter_agrees_with_cpu_reference(name: str, case_id: str) -> None:
+    """Coupled with the CPU reference when the adapter takes uniforms (decisions, and final
+    tokens when coupled); identity- and two-sample-tested otherwise, and for the final tokens
+    of a decisions-only coupling."""
+    chain = _chain(name)
+    case = CASES[case_id]
+    if getattr(chain, "requires_one_hot_draft", False):
+        case = deterministic_draft_case(case)
+    results = []
+    if accepts_uniforms(chain):
+        results += check_coupling(chain, case, STEPS, seed=2, device="cuda", target=name)
+    if not accepts_uniforms(chain) or not couples_final_token(chain):
+        results += check_coupling(
+            chain, case, STEPS, seed=3, device="cuda", target=name, alpha=ALPHA, statistical=True
+        )
+    bad = [r.message for r in results if r.verdict not in (Verdict.PASS, Verdict.SKIPPED)]
+    assert not bad, bad
