@@ -28,16 +28,20 @@ from losslessness.audit import AuditConfig, ProgressCallback, UnavailableTarget,
 from losslessness.checks import (
     CHAIN_CHECK_IDS,
     GREEDY_CHECK_IDS,
+    SEQUENCE_CHECK_IDS,
     default_chain_battery,
     default_greedy_battery,
 )
+from losslessness.commands.nightly import merge_command, nightly_command
+from losslessness.commands.report import report_command
+from losslessness.commands.speedup import speedup_command
 from losslessness.stats import (
     DEFAULT_FAMILY_WISE_ALPHA,
     binomial_minimum_detectable_shift,
     plan_identity_test,
 )
 
-DEFAULT_TARGETS = ("reference", "transformers")
+DEFAULT_TARGETS = ("reference", "transformers", "transformers-generate")
 """What ``losslessness audit`` audits when no target is named."""
 
 
@@ -96,7 +100,8 @@ def _progress(console: Console, enabled: bool) -> Iterator[ProgressCallback]:
     "--only",
     multiple=True,
     metavar="CHECK",
-    help=f"Run only this check (repeatable): {', '.join(CHAIN_CHECK_IDS + GREEDY_CHECK_IDS)}"
+    help="Run only this check (repeatable): "
+    f"{', '.join(CHAIN_CHECK_IDS + GREEDY_CHECK_IDS + SEQUENCE_CHECK_IDS)}"
     ", or 'edge' for every edge case.",
 )
 @click.option(
@@ -104,7 +109,7 @@ def _progress(console: Console, enabled: bool) -> Iterator[ProgressCallback]:
     "cases",
     multiple=True,
     metavar="CASE",
-    help="Run only this battery case (repeatable); see 'losslessness list'.",
+    help="Run only this battery case or end-to-end target (repeatable); see 'losslessness list'.",
 )
 @click.option(
     "--greedy",
@@ -116,13 +121,13 @@ def _progress(console: Console, enabled: bool) -> Iterator[ProgressCallback]:
     type=int,
     default=200_000,
     show_default=True,
-    help="Cap on verify steps per case and row type.",
+    help="Cap on verify steps per case and row type, and on sequences per end-to-end target.",
 )
 @click.option(
     "--steps",
     type=int,
     default=None,
-    help="Use exactly this many steps per case (replays a reported assertion).",
+    help="Use exactly this many steps per case, sequences per end-to-end target (replays).",
 )
 @click.option("--no-progress", is_flag=True, help="Do not show a progress bar.")
 def audit(
@@ -139,13 +144,14 @@ def audit(
     steps: int | None,
     no_progress: bool,
 ) -> None:
-    """Audit TARGETS (default: reference transformers) on the battery.
+    """Audit TARGETS (default: reference transformers transformers-generate) on the battery.
 
     A TARGET is a registered adapter (see 'losslessness list') or pkg.module:callable, a
     function in the chain protocol (or the greedy protocol with --greedy), imported as
-    'python -m' would: the current directory first, then PYTHONPATH.
+    'python -m' would: the current directory first, then PYTHONPATH. Adapters with end-to-end
+    targets (toy, transformers-generate) get the sequence-law checks.
     """
-    known_checks = (*CHAIN_CHECK_IDS, *GREEDY_CHECK_IDS, "edge")
+    known_checks = (*CHAIN_CHECK_IDS, *GREEDY_CHECK_IDS, *SEQUENCE_CHECK_IDS, "edge")
     for name in only:
         if name not in known_checks:
             raise click.BadParameter(
@@ -190,7 +196,7 @@ def audit(
 
 @main.command(name="list")
 def list_command() -> None:
-    """List registered adapters, checks and the battery's cases."""
+    """List registered adapters, checks, the battery's cases and the mutant zoo."""
     console = Console()
     adapters = Table(
         title="adapters (entry-point group losslessness.adapters)", title_justify="left"
@@ -211,6 +217,18 @@ def list_command() -> None:
     for greedy_case in default_greedy_battery():
         cases.add_row(greedy_case.case_id, "greedy", greedy_case.summary, greedy_case.case_hash)
     console.print(cases)
+    from losslessness.adapters.mutants import MUTANTS
+
+    zoo = Table(title="Mutant zoo (audit as mutant/<name>)", title_justify="left")
+    zoo.add_column("name", no_wrap=True)
+    zoo.add_column("kind")
+    zoo.add_column("mechanism", overflow="fold")
+    zoo.add_column("source", overflow="fold")
+    for entry in MUTANTS.values():
+        zoo.add_row(
+            entry.name, "lossy" if entry.lossy else "control", entry.mechanism, entry.source
+        )
+    console.print(zoo)
 
 
 @main.command()
@@ -279,3 +297,9 @@ def plan(tv: float, vocab: int, k: int, alpha: float, power: float, acceptance: 
         )
     console.print(table)
     console.print(f"verify steps needed: {steps_needed} (the deepest position decides)")
+
+
+main.add_command(speedup_command)
+main.add_command(report_command)
+main.add_command(nightly_command)
+main.add_command(merge_command)

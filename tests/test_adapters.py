@@ -73,5 +73,7 @@ def test_unresolvable_targets_raise_adapter_not_found(name: str, message: str) -
 
 def test_adapter_needs_a_verifier() -> None:
     """An Adapter without any verifier is rejected."""
-    with pytest.raises(ValueError, match="needs a chain verifier, a greedy verifier or an end-to-end target"):
+    with pytest.raises(
+        ValueError, match="needs a chain verifier, a greedy verifier or an end-to-end target"
+    ):
         Adapter(name="empty", description="")

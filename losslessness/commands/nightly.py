@@ -1,0 +1,293 @@
+"""``losslessness nightly`` and ``losslessness merge``: the long battery, split into shards
+that merge exactly (:mod:`losslessness.nightly`).
+
+One machine::
+
+    losslessness nightly --out DIR                 # shard 0/1, merged, reports written
+
+Several processes or machines (the same options on each)::
+
+    losslessness nightly --shard 0/2 --out A       # writes A/shard-0-of-2.npz
+    losslessness nightly --shard 1/2 --out B       # writes B/shard-1-of-2.npz
+    losslessness merge A/shard-0-of-2.npz B/shard-1-of-2.npz --out DIR
+
+Both end in DIR/report.html, report.md, junit.xml, report.json, nightly.json (plan, error
+budget, shards, suite runs) and suite-junit-<target>.xml (pytest's own report of each suite
+run). Exit codes: 0 lossless, 1 lossy, 2 usage error, 3 a check crashed or a named target did
+not load.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from losslessness.nightly import (
+    DEVICE_DEFAULTS,
+    NightlyConfig,
+    NightlyResult,
+    ShardMergeError,
+    finish_night,
+    load_shard,
+    make_plan,
+    parse_shard_spec,
+    run_shard,
+    save_shard,
+)
+from losslessness.nightly.plan import DEVICES
+from losslessness.nightly.run import UnitProgress
+from losslessness.stats import DEFAULT_FAMILY_WISE_ALPHA
+
+NIGHTLY_FILE = "nightly.json"
+"""The night's own record next to the reports: plan, error budget, shards, suite runs."""
+
+
+@contextmanager
+def _unit_progress(enabled: bool) -> Iterator[UnitProgress]:
+    progress = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("units"),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        transient=True,
+        disable=not enabled,
+    )
+    task = progress.add_task("planning", total=None)
+
+    def update(done: int, total: int, label: str) -> None:
+        progress.update(task, completed=done, total=total, description=label)
+
+    with progress:
+        yield update
+
+
+def write_night(
+    result: NightlyResult, out_dir: Path, history: tuple[Path, ...] = ()
+) -> dict[str, Path]:
+    """Write the reports (``reports.write_reports``), ``nightly.json`` and each suite run's
+    junit XML into ``out_dir``.
+
+    Returns:
+        The written paths by name.
+
+    Raises:
+        FileNotFoundError, ValueError: from the history (see ``reports.write_reports``).
+    """
+    from reports import write_reports
+
+    paths = dict(write_reports(result.audit, out_dir, history))
+    nightly = out_dir / NIGHTLY_FILE
+    nightly.write_text(json.dumps(result.summary, indent=2, sort_keys=True), encoding="utf-8")
+    paths["nightly"] = nightly
+    for target, junit_xml in result.suite_junit.items():
+        if junit_xml:
+            name = re.sub(r"[^A-Za-z0-9_.-]", "_", target)
+            path = out_dir / f"suite-junit-{name}.xml"
+            path.write_text(junit_xml, encoding="utf-8")
+            paths[f"suite-junit:{target}"] = path
+    return paths
+
+
+def _finish(result: NightlyResult, out_dir: Path, history: tuple[Path, ...]) -> None:
+    from reports import print_audit
+
+    console = Console(width=None if sys.stdout.isatty() else 160)
+    print_audit(result.audit, console)
+    try:
+        paths = write_night(result, out_dir, history)
+    except (FileNotFoundError, ValueError) as error:
+        raise click.BadParameter(str(error), param_hint="--history") from error
+    for name, path in paths.items():
+        console.print(f"wrote {name}: {path}")
+    sys.exit(result.exit_code)
+
+
+_HISTORY = click.option(
+    "--history",
+    "history",
+    multiple=True,
+    type=click.Path(exists=True, path_type=Path),
+    help="Earlier nights' report.json files, or directories searched for them (repeatable): "
+    "the reports show each check's trend.",
+)
+_OUT = click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("nightly"),
+    show_default=True,
+    help="Directory for the reports (or, with --shard, the shard file).",
+)
+
+
+def _split(values: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(part.strip() for value in values for part in value.split(",") if part.strip())
+
+
+@click.command(name="nightly")
+@click.option(
+    "--device",
+    type=click.Choice(DEVICES),
+    default="cpu",
+    show_default=True,
+    help="Where the device (coupling, precision) checks run.",
+)
+@click.option(
+    "--budget",
+    type=float,
+    default=None,
+    help="Multiplier of the CI plan's verification steps "
+    + ", ".join(f"(default {d.budget:g} on {name})" for name, d in DEVICE_DEFAULTS.items())
+    + "; below 1 for quick runs.",
+)
+@_OUT
+@click.option(
+    "--shard",
+    "shard_text",
+    default=None,
+    metavar="i/N",
+    help="Run only shard i of N (zero-based) and write its sufficient statistics; "
+    "'losslessness merge' joins the shards.",
+)
+@click.option("--seed", type=int, default=0, show_default=True, help="Run seed.")
+@click.option(
+    "--targets",
+    "targets",
+    multiple=True,
+    metavar="NAME[,NAME]",
+    help="Targets (registered adapters or pkg.module:callable); default every registered "
+    "adapter that loads.",
+)
+@click.option(
+    "--case",
+    "cases",
+    multiple=True,
+    metavar="CASE",
+    help="Run only this battery case (repeatable); see 'losslessness list'.",
+)
+@click.option("--tv", type=float, default=0.05, show_default=True, help="Design TV of the CI plan.")
+@click.option(
+    "--alpha",
+    type=float,
+    default=DEFAULT_FAMILY_WISE_ALPHA,
+    show_default=True,
+    help="Family-wise false-alarm rate of the battery and device checks (split Bonferroni).",
+)
+@click.option("--power", type=float, default=0.9, show_default=True, help="Design power.")
+@click.option("--no-suite", is_flag=True, help="Skip the property suite.")
+@click.option(
+    "--suite-profile",
+    type=click.Choice(["dev", "ci", "nightly"]),
+    default=None,
+    help="Hypothesis profile of the property suite (default nightly on cuda, ci on cpu).",
+)
+@click.option(
+    "--suite-targets",
+    "suite_targets",
+    multiple=True,
+    metavar="NAME[,NAME]",
+    help="Targets the property suite runs on (default every target on cuda, reference on cpu).",
+)
+@click.option("--no-device-checks", is_flag=True, help="Skip the device checks.")
+@_HISTORY
+@click.option("--no-progress", is_flag=True, help="Do not show a progress bar.")
+def nightly_command(
+    device: str,
+    budget: float | None,
+    out_dir: Path,
+    shard_text: str | None,
+    seed: int,
+    targets: tuple[str, ...],
+    cases: tuple[str, ...],
+    tv: float,
+    alpha: float,
+    power: float,
+    no_suite: bool,
+    suite_profile: str | None,
+    suite_targets: tuple[str, ...],
+    no_device_checks: bool,
+    history: tuple[Path, ...],
+    no_progress: bool,
+) -> None:
+    """The nightly battery: the CI plan times --budget on every adapter that loads, the
+    device checks, and the property suite; reports in --out DIR.
+
+    Every shard of one night must get the same options (the plan they share is checked on
+    merge); --shard i/N writes DIR/shard-i-of-N.npz instead of reports.
+    """
+    try:
+        spec = parse_shard_spec(shard_text or "0/1")
+    except ValueError as error:
+        raise click.BadParameter(str(error), param_hint="--shard") from error
+    named_suite = _split(suite_targets)
+    try:
+        config = NightlyConfig.for_device(
+            device,
+            budget=budget,
+            seed=seed,
+            targets=_split(targets),
+            cases=cases,
+            tv=tv,
+            family_wise_alpha=alpha,
+            power=power,
+            suite=not no_suite,
+            suite_profile=suite_profile,
+            suite_targets=named_suite or None,
+            device_checks=not no_device_checks,
+        )
+        plan = make_plan(config)
+    except ValueError as error:
+        raise click.UsageError(str(error)) from error
+    loaded = {adapter.name for adapter in plan.targets}
+    unknown = [name for name in named_suite if name not in loaded]
+    if unknown:
+        raise click.BadParameter(
+            f"{unknown} are not loaded night targets ({sorted(loaded)})",
+            param_hint="--suite-targets",
+        )
+    console = Console(stderr=True)
+    console.print(
+        f"nightly plan {plan.fingerprint[:12]}: {len(plan.units)} units, budget "
+        f"{config.budget:g}x CI, seed {config.seed}; running shard {spec}"
+    )
+    with _unit_progress(not no_progress and sys.stderr.isatty()) as update:
+        shard = run_shard(plan, spec, out_dir, progress=update)
+    if shard_text is not None:
+        path = save_shard(shard, out_dir / spec.file_name)
+        console.print(
+            f"wrote {path} ({len(shard.units)} units, {shard.wall_time_s:.1f} s); join all "
+            f"{spec.count} shards with: losslessness merge SHARD_FILES... --out DIR"
+        )
+        return
+    save_shard(shard, out_dir / spec.file_name)
+    _finish(finish_night([shard]), out_dir, history)
+
+
+@click.command(name="merge")
+@click.argument(
+    "shard_files",
+    nargs=-1,
+    required=True,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+)
+@_OUT
+@_HISTORY
+def merge_command(shard_files: tuple[Path, ...], out_dir: Path, history: tuple[Path, ...]) -> None:
+    """Merge SHARD_FILES written by 'losslessness nightly --shard i/N' (the same plan, every
+    unit exactly once), run the checks on the merged statistics and write the reports."""
+    try:
+        shards = [load_shard(path) for path in shard_files]
+        result = finish_night(shards)
+    except (ShardMergeError, ValueError) as error:
+        raise click.UsageError(str(error)) from error
+    _finish(result, out_dir, history)

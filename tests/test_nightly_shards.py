@@ -1,0 +1,263 @@
+"""The nightly run's shards merge exactly: N shards merged equal one run of the same grid, count
+for count and verdict for verdict; shards of different plans, duplicate or missing units are
+refused with an error naming the problem; ``losslessness nightly`` writes the four reports."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from losslessness.adapters import Adapter, resolve_adapter
+from losslessness.audit import TargetVerdict
+from losslessness.checks import CheckResult, Verdict
+from losslessness.cli import main
+from losslessness.nightly import (
+    NightlyConfig,
+    NightlyPlan,
+    NightlyResult,
+    ShardMergeError,
+    ShardSpec,
+    finish_night,
+    load_shard,
+    parse_shard_spec,
+    plan_night,
+    run_shard,
+    save_shard,
+)
+from losslessness.nightly.shards import count_records, expand_table, merge_tables, pair_records
+from losslessness.nightly.suite import parse_junit
+from tests import wrong_verifiers
+
+# Small budget, a few cases (V = 2 and 8, a batch of three row types, disjoint supports, two
+# greedy cases) and small chunks: every chain case spans several chunks, so shards hold parts
+# of the same case and the merge really sums tables; the grid samples in a few seconds.
+BUDGET = 0.05
+CHUNK = 64
+CASES = (
+    "v2-tilted",
+    "v8-far",
+    "v32-mixed-batch",
+    "edge-disjoint",
+    "greedy-v2-random",
+    "greedy-v8-ties",
+)
+
+
+def _plan(budget: float = BUDGET) -> NightlyPlan:
+    config = NightlyConfig(
+        budget=budget,
+        cases=CASES,
+        suite=False,
+        device_checks=False,
+        max_chunk_steps=CHUNK,
+        seed=7,
+    )
+    lossy = Adapter(
+        "residual-is-target",
+        "wrong verifier: residual distribution is p instead of norm(max(0, p - q))",
+        chain=wrong_verifiers.residual_is_target,
+    )
+    return plan_night(config, [resolve_adapter("reference"), lossy])
+
+
+@pytest.fixture(scope="module")
+def plan() -> NightlyPlan:
+    return _plan()
+
+
+@pytest.fixture(scope="module")
+def one_run(plan: NightlyPlan, tmp_path_factory: pytest.TempPathFactory) -> NightlyResult:
+    return finish_night([run_shard(plan, ShardSpec(0, 1), tmp_path_factory.mktemp("one"))])
+
+
+def _outcome(check: CheckResult) -> tuple[object, ...]:
+    return (
+        check.target,
+        check.check_id,
+        check.case_id,
+        check.position,
+        check.row,
+        check.n,
+        check.statistic,
+        check.p_value,
+        check.alpha,
+        check.verdict,
+    )
+
+
+def test_shard_spec_parses_i_of_n_and_names_the_option_on_bad_specs() -> None:
+    """``i/N`` parses to a zero-based shard; malformed or out-of-range specs raise a ValueError
+    that names ``shard`` and what is wrong."""
+    assert parse_shard_spec("0/1") == ShardSpec(0, 1)
+    assert parse_shard_spec(" 2 / 3 ") == ShardSpec(2, 3)
+    for text, problem in (
+        ("3/3", "i must lie in [0, N)"),
+        ("1/0", "N must be >= 1"),
+        ("a/b", "expected i/N"),
+        ("-1/2", "expected i/N"),
+        ("1", "expected i/N"),
+    ):
+        with pytest.raises(ValueError, match="shard") as raised:
+            parse_shard_spec(text)
+        assert problem in str(raised.value)
+
+
+def test_shards_partition_the_unit_grid(plan: NightlyPlan) -> None:
+    """For every N, the N shards together run every unit of the grid exactly once."""
+    for count in (1, 2, 3, 7):
+        taken = sorted(
+            unit.index
+            for i in range(count)
+            for unit in plan.units
+            if ShardSpec(i, count).takes(unit.index)
+        )
+        assert taken == list(range(len(plan.units)))
+
+
+def test_pair_records_expand_back_to_the_same_steps_with_pairs_adjacent() -> None:
+    """Counting step-pair records and expanding the table gives back the multiset of pairs:
+    the two steps of each pair stay adjacent (the independence check reads them)."""
+    rng = np.random.default_rng(0)
+    rows, n, k = 2, 40, 2
+    outputs = rng.integers(-1, 3, size=(rows, n, k + 1))
+    drafts = rng.integers(0, 3, size=(rows, n, k))
+    records = pair_records(outputs, drafts)
+    back_outputs, back_drafts = expand_table(count_records(records), rows, k)
+    assert back_outputs.shape == outputs.shape and back_drafts.shape == drafts.shape
+    original = sorted(map(tuple, records.tolist()))
+    assert sorted(map(tuple, pair_records(back_outputs, back_drafts).tolist())) == original
+
+
+def test_count_table_merge_does_not_depend_on_grouping_or_order() -> None:
+    """Summing tables of parts equals the table of the whole, whatever the split and order."""
+    rng = np.random.default_rng(1)
+    records = rng.integers(0, 4, size=(500, 3))
+    whole = count_records(records)
+    parts = [count_records(part) for part in np.array_split(records, 5)]
+    assert merge_tables(parts) == whole
+    assert merge_tables(parts[::-1]) == whole
+    assert merge_tables([merge_tables(parts[:2]), merge_tables(parts[2:])]) == whole
+    assert whole.n_pairs == 500
+
+
+@pytest.mark.parametrize("count", [1, 2, 3])
+def test_n_shards_merged_equal_one_run_count_for_count_and_verdict_for_verdict(
+    count: int, plan: NightlyPlan, one_run: NightlyResult, tmp_path: Path
+) -> None:
+    """N shards, saved to files and merged in reverse order, give the one run's count tables
+    exactly and the same statistics, p-values and verdicts for every check; the wrong
+    verifier in the plan comes out LOSSY and the reference LOSSLESS, so the comparison covers
+    both verdicts."""
+    files = [
+        save_shard(run_shard(plan, ShardSpec(i, count), tmp_path), tmp_path / f"s{i}.npz")
+        for i in range(count)
+    ]
+    merged = finish_night([load_shard(path) for path in reversed(files)])
+    assert merged.tables.keys() == one_run.tables.keys()
+    for key, table in one_run.tables.items():
+        assert merged.tables[key] == table, key
+    assert [_outcome(c) for t in merged.audit.targets for c in t.checks] == [
+        _outcome(c) for t in one_run.audit.targets for c in t.checks
+    ]
+    verdicts = {target.name: target.verdict for target in merged.audit.targets}
+    assert verdicts == {
+        "reference": TargetVerdict.LOSSLESS,
+        "residual-is-target": TargetVerdict.LOSSY,
+    }
+    assert merged.exit_code == one_run.exit_code == 1
+
+
+def test_merged_steps_are_the_planned_steps(plan: NightlyPlan, one_run: NightlyResult) -> None:
+    """Every chain case's merged table holds exactly the planned steps (pairs x 2) per target,
+    and the structure check saw all of them."""
+    for (target, case_id), table in one_run.tables.items():
+        assert 2 * table.n_pairs == plan.case_plans[case_id].n_steps, (target, case_id)
+    structure = [
+        check
+        for target in one_run.audit.targets
+        for check in target.checks
+        if check.check_id == "structure" and check.target == "reference"
+    ]
+    case_rows = {case.case_id: case.n_rows for case in plan.chain_cases}
+    for check in structure:
+        assert check.n == plan.case_plans[check.case_id].n_steps * case_rows[check.case_id]
+
+
+def test_merge_refuses_shards_of_different_plans_naming_the_difference(
+    plan: NightlyPlan, tmp_path: Path
+) -> None:
+    """Shards planned with different budgets do not merge; the error names ``config.budget``
+    and both shards."""
+    other = _plan(budget=2 * BUDGET)
+    first = run_shard(plan, ShardSpec(0, 2), tmp_path)
+    second = dataclasses.replace(
+        first, plan=other.describe(), fingerprint=other.fingerprint, source="other.npz"
+    )
+    with pytest.raises(ShardMergeError, match=r"different plans: .*config\.budget") as raised:
+        finish_night([first, second])
+    assert "other.npz" in str(raised.value)
+
+
+def test_merge_refuses_duplicate_and_missing_units(plan: NightlyPlan, tmp_path: Path) -> None:
+    """The same shard twice is a duplicate (named with its unit); one shard of two leaves
+    units missing (counted)."""
+    shard = run_shard(plan, ShardSpec(1, 2), tmp_path)
+    with pytest.raises(ShardMergeError, match="appears in both"):
+        finish_night([shard, dataclasses.replace(shard, source="copy.npz")])
+    with pytest.raises(ShardMergeError, match=r"units were run by no shard given"):
+        finish_night([shard])
+
+
+def test_suite_junit_maps_failures_to_lossy_and_errors_to_error() -> None:
+    """A failed suite test is LOSSY, an errored one ERROR, a skipped one SKIPPED."""
+    junit = (
+        '<testsuites><testsuite name="pytest">'
+        '<testcase name="a" time="1.5"/>'
+        '<testcase name="b" time="2"><failure message="law: p-value 1e-9">x</failure></testcase>'
+        '<testcase name="c" time="0"><error message="boom">y</error></testcase>'
+        '<testcase name="d" time="0"><skipped message="no greedy"/></testcase>'
+        "</testsuite></testsuites>"
+    )
+    checks = parse_junit(junit, "target", "ci")
+    assert [check.verdict for check in checks] == [
+        Verdict.PASS,
+        Verdict.LOSSY,
+        Verdict.ERROR,
+        Verdict.SKIPPED,
+    ]
+    assert checks[1].message == "law: p-value 1e-9"
+
+
+def test_nightly_command_writes_the_four_reports_and_merge_refuses_bad_shards(
+    tmp_path: Path,
+) -> None:
+    """``losslessness nightly --out DIR`` (reduced budget and battery, reference only) writes
+    report.html, report.md, junit.xml and report.json (and nightly.json) and exits 0;
+    ``--shard 2/2`` and merging one shard of two are usage errors (exit 2) that say why."""
+    runner = CliRunner()
+    options = ["--targets", "reference", "--budget", str(BUDGET), "--no-suite"]
+    options += [f"--case={case}" for case in CASES]
+    options += ["--no-device-checks", "--no-progress"]
+    out = tmp_path / "night"
+    result = runner.invoke(main, ["nightly", *options, "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    for name in ("report.html", "report.md", "junit.xml", "report.json", "nightly.json"):
+        assert (out / name).stat().st_size > 0, name
+    bad = runner.invoke(main, ["nightly", *options, "--shard", "2/2", "--out", str(out)])
+    assert bad.exit_code == 2 and "shard" in bad.output
+    merge = runner.invoke(
+        main, ["merge", str(out / "shard-0-of-1.npz"), "--out", str(tmp_path / "m")]
+    )
+    assert merge.exit_code == 0, merge.output
+    assert (tmp_path / "m" / "report.json").exists()
+    half = tmp_path / "half"
+    shard = runner.invoke(main, ["nightly", *options, "--shard", "0/2", "--out", str(half)])
+    assert shard.exit_code == 0, shard.output
+    refused = runner.invoke(
+        main, ["merge", str(half / "shard-0-of-2.npz"), "--out", str(tmp_path / "x")]
+    )
+    assert refused.exit_code == 2 and "run by no shard" in refused.output
