@@ -34,7 +34,6 @@ from losslessness.checks import (
     CasePlan,
     ChainCase,
     CheckContext,
-    CheckKind,
     CheckResult,
     GreedyCase,
     ProtocolViolation,
@@ -48,6 +47,7 @@ from losslessness.checks import (
     count_statistical_assertions,
     default_chain_battery,
     default_greedy_battery,
+    malformed_output_result,
     plan_case,
     plan_sequence_law,
     run_chain_checks,
@@ -65,14 +65,39 @@ ProgressCallback = Callable[[int, int, str], None]
 
 
 @dataclass(frozen=True)
-class AuditConfig:
-    """Design of one audit run.
+class RunDesign:
+    """The statistical design every run states (an audit, a night).
 
     Attributes:
         tv: design TV distance eps: each identity test detects TV >= eps with ``power``.
         family_wise_alpha: probability that a correct target gets any false alarm in the run.
         power: design power 1 - beta.
-        seed: the run seed; every case's seed derives from it and the case hash.
+        seed: the run seed; every case's (chunk's) seed derives from it.
+
+    Raises:
+        ValueError: naming the field, for values out of range.
+    """
+
+    tv: float = 0.05
+    family_wise_alpha: float = DEFAULT_FAMILY_WISE_ALPHA
+    power: float = 0.9
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.tv <= 1:
+            raise ValueError(f"tv: must lie in (0, 1], got {self.tv}")
+        if not 0 < self.family_wise_alpha < 1:
+            raise ValueError(f"family_wise_alpha: must lie in (0, 1), got {self.family_wise_alpha}")
+        if not 0 < self.power < 1:
+            raise ValueError(f"power: must lie in (0, 1), got {self.power}")
+
+
+@dataclass(frozen=True)
+class AuditConfig(RunDesign):
+    """Design of one audit run: :class:`RunDesign` (``tv``, ``family_wise_alpha``, ``power``,
+    ``seed``: every case's seed derives from it and the case hash), then
+
+    Attributes:
         only: check ids to run (``law``, ``acceptance``, ``structure``, ``greedy``, ``edge``
             for every ``edge.*``, ``sequence-law``, ``sequence-greedy``, ``drafts-accepted``);
             empty runs all.
@@ -86,22 +111,13 @@ class AuditConfig:
         ValueError: naming the field, for values out of range.
     """
 
-    tv: float = 0.05
-    family_wise_alpha: float = DEFAULT_FAMILY_WISE_ALPHA
-    power: float = 0.9
-    seed: int = 0
     only: tuple[str, ...] = ()
     cases: tuple[str, ...] = ()
     max_steps: int = 200_000
     steps: int | None = None
 
     def __post_init__(self) -> None:
-        if not 0 < self.tv <= 1:
-            raise ValueError(f"tv: must lie in (0, 1], got {self.tv}")
-        if not 0 < self.family_wise_alpha < 1:
-            raise ValueError(f"family_wise_alpha: must lie in (0, 1), got {self.family_wise_alpha}")
-        if not 0 < self.power < 1:
-            raise ValueError(f"power: must lie in (0, 1), got {self.power}")
+        super().__post_init__()
         if self.max_steps < 1:
             raise ValueError(f"max_steps: must be >= 1, got {self.max_steps}")
         if self.steps is not None and self.steps < 1:
@@ -116,12 +132,15 @@ class AuditConfig:
 
 class TargetVerdict(str, enum.Enum):
     """Verdict on one target: LOSSLESS, LOSSY (any check LOSSY), SUBOPTIMAL (lossless but
-    accepts fewer drafts than sum min(p, q)), ERROR (crashed or unavailable, nothing LOSSY)."""
+    accepts fewer drafts than sum min(p, q)), ERROR (crashed, or a target the user named could
+    not load; nothing LOSSY), UNAVAILABLE (a registered adapter the run did not name whose
+    package or device is missing here: nothing was tested, and the run's outcome ignores it)."""
 
     LOSSLESS = "LOSSLESS"
     LOSSY = "LOSSY"
     SUBOPTIMAL = "SUBOPTIMAL"
     ERROR = "ERROR"
+    UNAVAILABLE = "UNAVAILABLE"
 
 
 @dataclass(frozen=True)
@@ -193,7 +212,9 @@ class AuditResult:
         return 0
 
 
-def _target_verdict(checks: Sequence[CheckResult]) -> TargetVerdict:
+def target_verdict(checks: Sequence[CheckResult]) -> TargetVerdict:
+    """A target's verdict from its checks: LOSSY if any check is LOSSY, else ERROR if any is
+    ERROR, else SUBOPTIMAL if any is SUBOPTIMAL, else LOSSLESS (also for no checks)."""
     verdicts = {check.verdict for check in checks}
     if Verdict.LOSSY in verdicts:
         return TargetVerdict.LOSSY
@@ -204,7 +225,9 @@ def _target_verdict(checks: Sequence[CheckResult]) -> TargetVerdict:
     return TargetVerdict.LOSSLESS
 
 
-def _environment() -> dict[str, str]:
+def run_environment() -> dict[str, str]:
+    """Versions of what a run's numbers depend on: losslessness, Python, torch, numpy, scipy,
+    the platform string, and transformers when it is imported."""
     environment = {
         "losslessness": losslessness.__version__,
         "python": platform.python_version(),
@@ -370,17 +393,7 @@ def _error_results(
     where = traceback.extract_tb(error.__traceback__)[-1] if error.__traceback__ else None
     location = f" at {where.filename}:{where.lineno}" if where else ""
     message = f"target raised {type(error).__name__}: {error}{location}"
-    return [
-        context.result(
-            check_id,
-            kind=CheckKind.EXACT,
-            n=0,
-            verdict=Verdict.ERROR,
-            min_detectable_tv=float("inf"),
-            message=message,
-        )
-        for check_id in check_ids
-    ]
+    return [context.untested(check_id, Verdict.ERROR, message) for check_id in check_ids]
 
 
 def _audit_chain_case(
@@ -412,17 +425,7 @@ def _audit_chain_case(
             adapter.chain, case, plan.n_steps, seed, progress=lambda m: advance(m * case.n_rows)
         )
     except ProtocolViolation as violation:
-        return [
-            context.result(
-                "structure",
-                kind=CheckKind.EXACT,
-                n=0,
-                verdict=Verdict.LOSSY,
-                p_value=0.0,
-                min_detectable_tv=float("inf"),
-                message=f"malformed output: {violation}",
-            )
-        ]
+        return [malformed_output_result(context, violation)]
     except Exception as error:
         return _error_results(context, selected or ["structure"], error)
     totals.verify_steps += plan.n_steps * case.n_rows
@@ -562,7 +565,7 @@ def run_audit(
             totals.checks += _audit_end_to_end(
                 target, entry, config, plan.budget, tracker.advance, totals
             )
-        totals.verdict = _target_verdict(totals.checks)
+        totals.verdict = target_verdict(totals.checks)
         totals.wall_time_s = time.perf_counter() - target_began
         results.append(totals)
     return AuditResult(
@@ -573,5 +576,5 @@ def run_audit(
         targets=results,
         wall_time_s=time.perf_counter() - began,
         started_at=started,
-        environment=_environment(),
+        environment=run_environment(),
     )

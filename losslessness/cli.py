@@ -9,12 +9,9 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import click
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from losslessness.adapters import (
@@ -24,7 +21,7 @@ from losslessness.adapters import (
     registered_adapters,
     resolve_adapter,
 )
-from losslessness.audit import AuditConfig, ProgressCallback, UnavailableTarget, run_audit
+from losslessness.audit import AuditConfig, UnavailableTarget, run_audit
 from losslessness.checks import (
     CHAIN_CHECK_IDS,
     GREEDY_CHECK_IDS,
@@ -33,6 +30,7 @@ from losslessness.checks import (
     default_greedy_battery,
 )
 from losslessness.commands.nightly import merge_command, nightly_command
+from losslessness.commands.progress import progress_bar
 from losslessness.commands.report import report_command
 from losslessness.commands.speedup import speedup_command
 from losslessness.stats import (
@@ -49,27 +47,6 @@ DEFAULT_TARGETS = ("reference", "transformers", "transformers-generate")
 @click.version_option(package_name="losslessness")
 def main() -> None:
     """Statistical verification that a speculative-decoding verifier is lossless."""
-
-
-@contextmanager
-def _progress(console: Console, enabled: bool) -> Iterator[ProgressCallback]:
-    progress = Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("verify steps"),
-        TimeElapsedColumn(),
-        console=console,
-        transient=True,
-        disable=not enabled,
-    )
-    task = progress.add_task("planning", total=None)
-
-    def update(done: int, total: int, label: str) -> None:
-        progress.update(task, completed=done, total=total, description=label)
-
-    with progress:
-        yield update
 
 
 @main.command()
@@ -181,7 +158,7 @@ def audit(
     # Tables need ~150 columns; a pipe or CI log gets that width instead of rich's 80.
     console = Console(width=None if sys.stdout.isatty() else 160)
     try:
-        with _progress(Console(stderr=True), not no_progress and sys.stderr.isatty()) as update:
+        with progress_bar("verify steps", quiet=no_progress) as update:
             result = run_audit(resolved, config, progress=update)
     except ValueError as error:
         raise click.UsageError(str(error)) from error

@@ -307,24 +307,19 @@ def acceptance_figure(target: TargetResult, fallback_alpha: float) -> Figure | N
     left.set_ylim(-0.02, 1.02)
     right.set_xlabel("sum min(p, q) (exact)")
     right.set_ylabel("observed - sum min(p, q)")
-    right.text(
-        0.02,
-        0.97,
-        "above 0: LOSSY",
-        transform=right.transAxes,
-        va="top",
-        fontsize=8,
-        color=VERDICT_COLORS[Verdict.LOSSY],
-    )
-    right.text(
-        0.02,
-        0.03,
-        "below 0: SUBOPTIMAL",
-        transform=right.transAxes,
-        va="bottom",
-        fontsize=8,
-        color=VERDICT_COLORS[Verdict.SUBOPTIMAL],
-    )
+    for y, va, verdict, side in (
+        (0.97, "top", Verdict.LOSSY, "above"),
+        (0.03, "bottom", Verdict.SUBOPTIMAL, "below"),
+    ):
+        right.text(
+            0.02,
+            y,
+            f"{side} 0: {verdict.value}",
+            transform=right.transAxes,
+            va=va,
+            fontsize=8,
+            color=VERDICT_COLORS[verdict],
+        )
     figure.suptitle(f"{target.name}: acceptance at {len(checks)} draft positions", fontsize=10)
     return Figure(
         title="acceptance rate vs sum min(p, q)",

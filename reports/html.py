@@ -9,7 +9,6 @@ replay commands, trends over earlier runs (when given), then per target its figu
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,7 @@ from reports.figures import (
     report_figures,
 )
 from reports.markdown import overall_verdict
-from reports.terminal import replay_command
+from reports.terminal import format_number, replay_command
 from reports.trends import CheckTrend, Trends
 
 HISTORY_COLUMNS = 10
@@ -48,14 +47,6 @@ _ENVIRONMENT = jinja2.Environment(
 )
 
 
-def _number(value: float | None, digits: int = 3) -> str:
-    if value is None:
-        return "-"
-    if math.isinf(value):
-        return "inf"
-    return f"{value:.{digits}g}"
-
-
 @dataclass(frozen=True)
 class _CheckRow:
     check: CheckResult
@@ -70,10 +61,10 @@ class _CheckRow:
 def _check_row(result: AuditResult, check: CheckResult) -> _CheckRow:
     return _CheckRow(
         check=check,
-        alpha="exact" if check.kind is CheckKind.EXACT else _number(check.alpha, 2),
-        p_value=_number(check.p_value),
-        statistic=_number(check.statistic),
-        min_tv=_number(check.min_detectable_tv),
+        alpha="exact" if check.kind is CheckKind.EXACT else format_number(check.alpha, 2),
+        p_value=format_number(check.p_value),
+        statistic=format_number(check.statistic),
+        min_tv=format_number(check.min_detectable_tv),
         underpowered=check.kind is CheckKind.STATISTICAL
         and check.min_detectable_tv > result.config.tv * 1.0001,
         replay=replay_command(result, check),
@@ -102,12 +93,12 @@ def _trend_view(trends: Trends) -> dict[str, Any]:
                 else {
                     "verdict": point.verdict.value,
                     "label": _SHORT_VERDICTS[point.verdict],
-                    "title": f"p-value {_number(point.p_value)}, min TV "
-                    f"{_number(point.min_detectable_tv)}",
-                    "min_tv": _number(point.min_detectable_tv, 2),
+                    "title": f"p-value {format_number(point.p_value)}, min TV "
+                    f"{format_number(point.min_detectable_tv)}",
+                    "min_tv": format_number(point.min_detectable_tv, 2),
                 }
             )
-        rows.append(_TrendRow(trend, cells, _number(trend.tv_ratio)))
+        rows.append(_TrendRow(trend, cells, format_number(trend.tv_ratio)))
     return {
         "trends": trends,
         "runs": runs,
@@ -166,7 +157,7 @@ def render_html(
         verdicts=[verdict.value for verdict in Verdict],
         colors={verdict.value: color for verdict, color in VERDICT_COLORS.items()},
         trends=None if trends is None else _trend_view(trends),
-        number=_number,
+        number=format_number,
     )
 
 

@@ -20,7 +20,7 @@ from losslessness.audit import (
     TargetResult,
     TargetVerdict,
 )
-from losslessness.checks import CheckKind, CheckResult, Verdict
+from losslessness.checks import check_from_dict
 
 
 def _plain(value: Any) -> Any:
@@ -41,15 +41,6 @@ def audit_to_dict(result: AuditResult) -> dict[str, Any]:
     return data
 
 
-def _check_from_dict(data: dict[str, Any]) -> CheckResult:
-    values = dict(data)
-    values["kind"] = CheckKind(values["kind"])
-    values["verdict"] = Verdict(values["verdict"])
-    if values["min_detectable_tv"] is None:
-        values["min_detectable_tv"] = math.inf
-    return CheckResult(**values)
-
-
 def audit_from_dict(data: dict[str, Any]) -> AuditResult:
     """Rebuild an :class:`AuditResult` from :func:`audit_to_dict`'s output.
 
@@ -67,7 +58,7 @@ def audit_from_dict(data: dict[str, Any]) -> AuditResult:
     for target in data["targets"]:
         values = dict(target)
         values["verdict"] = TargetVerdict(values["verdict"])
-        values["checks"] = [_check_from_dict(check) for check in values["checks"]]
+        values["checks"] = [check_from_dict(check) for check in values["checks"]]
         targets.append(TargetResult(**values))
     values = dict(data)
     values["config"] = AuditConfig(**config)

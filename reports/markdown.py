@@ -31,6 +31,7 @@ _SEVERITY = (
     TargetVerdict.ERROR,
     TargetVerdict.SUBOPTIMAL,
     TargetVerdict.LOSSLESS,
+    TargetVerdict.UNAVAILABLE,
 )
 
 
@@ -49,8 +50,9 @@ def _number(value: float | None) -> str:
 
 
 def overall_verdict(result: AuditResult) -> TargetVerdict:
-    """The worst target verdict of the run (LOSSY > ERROR > SUBOPTIMAL > LOSSLESS);
-    LOSSLESS for a run without targets."""
+    """The worst target verdict of the run (LOSSY > ERROR > SUBOPTIMAL > LOSSLESS); targets
+    that are merely UNAVAILABLE here count only when nothing else ran; LOSSLESS for a run
+    without targets."""
     verdicts = {target.verdict for target in result.targets}
     return next((verdict for verdict in _SEVERITY if verdict in verdicts), TargetVerdict.LOSSLESS)
 

@@ -22,10 +22,13 @@ _STYLES = {
     TargetVerdict.LOSSY: "bold red",
     TargetVerdict.SUBOPTIMAL: "bold yellow",
     TargetVerdict.ERROR: "bold magenta",
+    TargetVerdict.UNAVAILABLE: "dim",
 }
 
 
-def _number(value: float | None, digits: int = 3) -> str:
+def format_number(value: float | None, digits: int = 3) -> str:
+    """``value`` to ``digits`` significant digits for a report cell: ``-`` for None (no such
+    number, e.g. the p-value of an exact check), ``inf`` for an infinite one."""
     if value is None:
         return "-"
     if math.isinf(value):
@@ -74,12 +77,12 @@ def _table(result: AuditResult, index: int) -> Table:
             case,
             "-" if check.position is None else str(check.position),
             str(check.n),
-            _number(check.statistic),
+            format_number(check.statistic),
             "-" if check.df is None else str(check.df),
-            _number(check.p_value),
-            "exact" if check.kind is CheckKind.EXACT else _number(check.alpha, 2),
-            _number(check.power, 2),
-            Text(_number(check.min_detectable_tv), style="yellow" if underpowered else ""),
+            format_number(check.p_value),
+            "exact" if check.kind is CheckKind.EXACT else format_number(check.alpha, 2),
+            format_number(check.power, 2),
+            Text(format_number(check.min_detectable_tv), style="yellow" if underpowered else ""),
             Text(check.verdict.value, style=_STYLES[check.verdict]),
         )
     return table

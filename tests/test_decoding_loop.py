@@ -10,6 +10,7 @@ from collections import defaultdict
 import pytest
 import torch
 
+from losslessness.adapters.mutants import sample_and_match
 from losslessness.reference.decoding import (
     DecodingCounters,
     SpeculativeDecoder,
@@ -17,7 +18,6 @@ from losslessness.reference.decoding import (
     greedy_decode,
 )
 from losslessness.reference.laws import acceptance_probability
-from losslessness.reference.output import accepted_lengths, emitted_tokens
 from losslessness.reference.processing import SamplingParameters
 from losslessness.reference.proposers import (
     DraftModelProposer,
@@ -25,7 +25,6 @@ from losslessness.reference.proposers import (
     Proposal,
     one_hot_rows,
 )
-from losslessness.reference.sampling import sample_inverse_cdf
 from losslessness.reference.toy import MarkovLM
 from losslessness.stats import acceptance_rate_test
 from losslessness.theory import alpha_from_mean_accepted_length, expected_tokens_per_verify
@@ -37,23 +36,6 @@ FAMILY_ALPHA = 1e-3
 """False-alarm rate of each statistical test function below (Bonferroni inside)."""
 
 SAMPLING = SamplingParameters(temperature=0.8, top_k=4)
-
-
-def sample_and_match(
-    target_probs: torch.Tensor,
-    draft_probs: torch.Tensor,
-    draft_token_ids: torch.Tensor,
-    generator: torch.Generator,
-) -> torch.Tensor:
-    """Lossless but suboptimal verifier (MLX-LM style): draw x_i ~ p_i, accept while x_i ==
-    d_i, emit x at the first mismatch (or the bonus x_k). Accepts with sum p*q < sum min(p, q)."""
-    del draft_probs
-    batch, positions, _ = target_probs.shape
-    uniforms = torch.rand((batch * positions,), generator=generator, dtype=torch.float64)
-    x = sample_inverse_cdf(target_probs.reshape(batch * positions, -1), uniforms)
-    x = x.reshape(batch, positions)
-    n = accepted_lengths(x[:, :-1] == draft_token_ids)
-    return emitted_tokens(draft_token_ids, n, x.gather(1, n.unsqueeze(1)).squeeze(1))
 
 
 def draft_loop(verifier: object = None, k: int = 3) -> SpeculativeDecoder:

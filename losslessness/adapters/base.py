@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+import torch
 
 from losslessness.protocol import ChainVerifier, EndToEndGenerator, GreedyVerifier
 
@@ -13,6 +19,45 @@ class AdapterUnavailable(RuntimeError):
 
 class AdapterNotFound(LookupError):
     """No adapter, entry point or ``pkg.module:callable`` matches the requested name."""
+
+
+def import_optional(module: str, package: str) -> ModuleType:
+    """Import ``module`` of the optional ``package`` an adapter wraps.
+
+    Args:
+        module: dotted module name (``"vllm.v1.sample.rejection_sampler"``).
+        package: the distribution's name, for the message (``"vllm"``).
+
+    Raises:
+        AdapterUnavailable: the import failed (``{package} is not installed (or fails to
+            import): {error}``).
+    """
+    try:
+        return importlib.import_module(module)
+    except ImportError as error:
+        raise AdapterUnavailable(
+            f"{package} is not installed (or fails to import): {error}"
+        ) from error
+
+
+def require_cuda(why: str) -> None:
+    """Raise :class:`AdapterUnavailable` (``CUDA is not available ({why})``) unless torch sees a
+    CUDA device."""
+    if not torch.cuda.is_available():
+        raise AdapterUnavailable(f"CUDA is not available ({why})")
+
+
+class KernelVerifier:
+    """Base of chain verifiers that call a device kernel's Python wrapper.
+
+    Args:
+        function: the wrapper (``flashinfer.sampling.chain_speculative_sampling``, ...).
+        device: the device the kernel runs on (a CUDA device).
+    """
+
+    def __init__(self, function: Callable[..., Any], device: str | torch.device = "cuda") -> None:
+        self.function = function
+        self.device = torch.device(device)
 
 
 @dataclass(frozen=True)

@@ -28,12 +28,17 @@ Both take float32 probabilities ``[B, k(+1), V]`` and int32 drafts on the GPU an
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from losslessness.adapters.base import Adapter, AdapterUnavailable
+from losslessness.adapters.base import (
+    Adapter,
+    AdapterUnavailable,
+    KernelVerifier,
+    import_optional,
+    require_cuda,
+)
 from losslessness.protocol import PLACEHOLDER, validate_chain_inputs
 from losslessness.reference import ChainUniforms
 
@@ -56,17 +61,13 @@ def _gpu_inputs(
     )
 
 
-class FlashInferUniformSampler:
+class FlashInferUniformSampler(KernelVerifier):
     """Chain verifier for FlashInfer <= 0.2.2 (explicit ``uniform_samples``; coupled).
 
     Args:
         function: ``flashinfer.sampling.chain_speculative_sampling`` (old signature).
         device: the CUDA device.
     """
-
-    def __init__(self, function: Callable[..., Any], device: str | torch.device = "cuda"):
-        self.function = function
-        self.device = torch.device(device)
 
     def __call__(
         self,
@@ -103,17 +104,13 @@ class FlashInferUniformSampler:
         return second.to(torch.int64).cpu()
 
 
-class FlashInferGeneratorSampler:
+class FlashInferGeneratorSampler(KernelVerifier):
     """Chain verifier for FlashInfer >= 0.2.3 (randomness from a CUDA generator; no uniforms).
 
     Args:
         function: ``flashinfer.sampling.chain_speculative_sampling`` (new signature).
         device: the CUDA device.
     """
-
-    def __init__(self, function: Callable[..., Any], device: str | torch.device = "cuda"):
-        self.function = function
-        self.device = torch.device(device)
 
     def __call__(
         self,
@@ -138,15 +135,9 @@ def adapter(device: str = "cuda") -> Adapter:
         AdapterUnavailable: flashinfer not installed, CUDA missing, or an API this adapter was
             not written against.
     """
-    try:
-        import flashinfer
-        from flashinfer import sampling
-    except ImportError as error:
-        raise AdapterUnavailable(
-            f"flashinfer is not installed (or fails to import): {error}"
-        ) from error
-    if not torch.cuda.is_available():
-        raise AdapterUnavailable("CUDA is not available (FlashInfer's kernels are CUDA only)")
+    flashinfer = import_optional("flashinfer", "flashinfer")
+    sampling = import_optional("flashinfer.sampling", "flashinfer")
+    require_cuda("FlashInfer's kernels are CUDA only")
     version = getattr(flashinfer, "__version__", "unknown")
     function = getattr(sampling, "chain_speculative_sampling", None)
     if function is None:

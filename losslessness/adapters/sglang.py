@@ -31,12 +31,16 @@ the drafts, then the final token.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
-from typing import Any
 
 import torch
 
-from losslessness.adapters.base import Adapter, AdapterUnavailable
+from losslessness.adapters.base import (
+    Adapter,
+    AdapterUnavailable,
+    KernelVerifier,
+    import_optional,
+    require_cuda,
+)
 from losslessness.protocol import PLACEHOLDER, InvalidInputError, validate_chain_inputs
 from losslessness.reference import ChainUniforms
 
@@ -59,7 +63,7 @@ EXPECTED_PARAMETERS = (
 """Parameters of ``tree_speculative_sampling_target_only`` this adapter was written against."""
 
 
-class SglangTreeSampler:
+class SglangTreeSampler(KernelVerifier):
     """Chain verifier calling ``sgl_kernel.tree_speculative_sampling_target_only``.
 
     Args:
@@ -69,10 +73,6 @@ class SglangTreeSampler:
 
     requires_one_hot_draft = True
     """The kernel implements rejection sampling for deterministic drafts only."""
-
-    def __init__(self, function: Callable[..., Any], device: str | torch.device = "cuda"):
-        self.function = function
-        self.device = torch.device(device)
 
     def __call__(
         self,
@@ -141,14 +141,8 @@ def adapter(device: str = "cuda") -> Adapter:
     Raises:
         AdapterUnavailable: sgl-kernel not installed, CUDA missing, or a different signature.
     """
-    try:
-        import sgl_kernel
-    except ImportError as error:
-        raise AdapterUnavailable(
-            f"sgl-kernel is not installed (or fails to import): {error}"
-        ) from error
-    if not torch.cuda.is_available():
-        raise AdapterUnavailable("CUDA is not available (sgl-kernel is CUDA only)")
+    sgl_kernel = import_optional("sgl_kernel", "sgl-kernel")
+    require_cuda("sgl-kernel is CUDA only")
     version = getattr(sgl_kernel, "__version__", "unknown")
     function = getattr(sgl_kernel, "tree_speculative_sampling_target_only", None)
     if function is None:

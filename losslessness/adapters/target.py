@@ -13,7 +13,7 @@ import os
 import sys
 from importlib.metadata import EntryPoint, entry_points
 
-from losslessness.adapters.base import Adapter, AdapterNotFound
+from losslessness.adapters.base import Adapter, AdapterNotFound, AdapterUnavailable
 
 ENTRY_POINT_GROUP = "losslessness.adapters"
 
@@ -90,7 +90,10 @@ def resolve_adapter(name: str, *, greedy: bool = False) -> Adapter:
         raise AdapterNotFound(
             f"{name!r}: not a registered adapter (registered: {known}) nor 'pkg.module:callable'"
         )
-    loaded = registered[name].load()
+    try:
+        loaded = registered[name].load()
+    except ImportError as error:
+        raise AdapterUnavailable(f"{name!r}: its module cannot be imported: {error}") from error
     adapter = loaded if isinstance(loaded, Adapter) else loaded() if callable(loaded) else None
     if not isinstance(adapter, Adapter):
         raise AdapterNotFound(f"{name!r}: entry point does not give an Adapter")

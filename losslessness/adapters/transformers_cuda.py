@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from losslessness.adapters import transformers as transformers_adapter
-from losslessness.adapters.base import Adapter, AdapterUnavailable
+from losslessness.adapters.base import Adapter, AdapterUnavailable, require_cuda
 from losslessness.protocol import ChainVerifier
 
 
@@ -63,8 +63,7 @@ def adapter(device: str = "cuda") -> Adapter:
     """
     if torch.device(device).type != "cuda":
         raise AdapterUnavailable(f"transformers-cuda: {device!r} is not a CUDA device")
-    if not torch.cuda.is_available():
-        raise AdapterUnavailable("CUDA is not available (torch.cuda.is_available() is False)")
+    require_cuda("torch.cuda.is_available() is False")
     base = transformers_adapter.adapter()
     if base.chain is None:
         raise AdapterUnavailable("transformers adapter has no chain verifier")

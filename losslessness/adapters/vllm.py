@@ -43,7 +43,7 @@ from typing import Any
 
 import torch
 
-from losslessness.adapters.base import Adapter, AdapterUnavailable
+from losslessness.adapters.base import Adapter, AdapterUnavailable, import_optional, require_cuda
 from losslessness.protocol import InvalidInputError, validate_chain_inputs
 from losslessness.reference import ChainUniforms, sample_inverse_cdf
 
@@ -171,13 +171,9 @@ def adapter(device: str = "cuda") -> Adapter:
         AdapterUnavailable: vLLM not installed, CUDA missing, or the API differs from the one
             this adapter was written against (the reason says which).
     """
-    try:
-        import vllm
-        from vllm.v1.sample import rejection_sampler
-    except ImportError as error:
-        raise AdapterUnavailable(f"vllm is not installed (or fails to import): {error}") from error
-    if not torch.cuda.is_available():
-        raise AdapterUnavailable("CUDA is not available (vLLM's rejection sampler is Triton)")
+    vllm = import_optional("vllm", "vllm")
+    rejection_sampler = import_optional("vllm.v1.sample.rejection_sampler", "vllm")
+    require_cuda("vLLM's rejection sampler is Triton")
     for name in ("rejection_sample", "generate_uniform_probs"):
         if not callable(getattr(rejection_sampler, name, None)):
             raise AdapterUnavailable(

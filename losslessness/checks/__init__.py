@@ -12,7 +12,14 @@ from losslessness.checks.conditional_law import check_conditional_laws
 from losslessness.checks.greedy import check_greedy
 from losslessness.checks.independence import check_row_independence
 from losslessness.checks.planning import CasePlan, count_statistical_assertions, plan_case
-from losslessness.checks.result import CheckContext, CheckKind, CheckResult, Verdict
+from losslessness.checks.result import (
+    CheckContext,
+    CheckKind,
+    CheckResult,
+    Verdict,
+    check_from_dict,
+    check_to_dict,
+)
 from losslessness.checks.sampling import ChainSamples, ProtocolViolation, sample_chain
 from losslessness.checks.sequence_law import (
     DRAFTS_ACCEPTED_CHECK_ID,
@@ -26,7 +33,7 @@ from losslessness.checks.sequence_law import (
     check_sequence_law,
     plan_sequence_law,
 )
-from losslessness.checks.structure import check_structure
+from losslessness.checks.structure import check_structure, malformed_output_result
 
 
 def run_chain_checks(samples: ChainSamples, context: CheckContext) -> list[CheckResult]:
@@ -76,14 +83,17 @@ __all__ = [
     "check_acceptance",
     "check_conditional_laws",
     "check_drafts_accepted",
+    "check_from_dict",
     "check_greedy",
     "check_greedy_sequences",
     "check_row_independence",
     "check_sequence_law",
     "check_structure",
+    "check_to_dict",
     "count_statistical_assertions",
     "default_chain_battery",
     "default_greedy_battery",
+    "malformed_output_result",
     "plan_case",
     "plan_sequence_law",
     "run_chain_checks",

@@ -406,6 +406,26 @@ def check_coupling(
     ]
 
 
+def _candidate_failed(
+    context: CheckContext,
+    check_id: str,
+    n: int,
+    began: float,
+    device: str | torch.device,
+    dtype: torch.dtype,
+    error: BaseException,
+) -> CheckResult:
+    """ERROR result of a candidate that raised (or returned a malformed output) after ``n``
+    compared samples; ``began`` is the comparison's ``time.perf_counter()`` start."""
+    return context.untested(
+        check_id,
+        Verdict.ERROR,
+        f"candidate failed on {device} ({dtype}): {type(error).__name__}: {error}",
+        n=n,
+        wall_time_s=time.perf_counter() - began,
+    )
+
+
 def _coupled_comparison(
     candidate: ChainVerifier,
     reference: ChainVerifier,
@@ -447,15 +467,7 @@ def _coupled_comparison(
             )
             got = coerce_output(raw, batch, k)
         except (ProtocolViolation, Exception) as error:
-            return context.result(
-                "coupling",
-                kind=CheckKind.EXACT,
-                verdict=Verdict.ERROR,
-                n=done * rows,
-                min_detectable_tv=float("inf"),
-                wall_time_s=time.perf_counter() - began,
-                message=f"candidate failed on {device} ({dtype}): {type(error).__name__}: {error}",
-            )
+            return _candidate_failed(context, "coupling", done * rows, began, device, dtype, error)
         expected = coerce_output(
             reference(
                 target_probs,
@@ -588,17 +600,7 @@ def _statistical_comparison(
             CastVerifier(candidate, device, dtype), cast, n_steps, derive_seed(seed, "candidate")
         )
     except Exception as error:
-        return [
-            context.result(
-                "law",
-                kind=CheckKind.EXACT,
-                verdict=Verdict.ERROR,
-                n=0,
-                min_detectable_tv=float("inf"),
-                wall_time_s=time.perf_counter() - began,
-                message=f"candidate failed on {device} ({dtype}): {type(error).__name__}: {error}",
-            )
-        ]
+        return [_candidate_failed(context, "law", 0, began, device, dtype, error)]
     # Independent samples: the reference's seed differs from the candidate's.
     expected = sample_chain(reference, cast, n_steps, derive_seed(seed, "reference"))
     cast_context = CheckContext.for_case(

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import enum
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -174,3 +176,51 @@ class CheckContext:
             message=message,
             details=details or {},
         )
+
+    def untested(
+        self,
+        check_id: str,
+        verdict: Verdict,
+        message: str,
+        *,
+        n: int = 0,
+        wall_time_s: float = 0.0,
+    ) -> CheckResult:
+        """An exact result with no test behind it: the check could not run (ERROR: the target
+        raised; SKIPPED: nothing to test), so no statistic or p-value, an infinite minimum
+        detectable TV, and ``n`` the samples drawn before it stopped (default 0)."""
+        return self.result(
+            check_id,
+            kind=CheckKind.EXACT,
+            n=n,
+            verdict=verdict,
+            min_detectable_tv=float("inf"),
+            wall_time_s=wall_time_s,
+            message=message,
+        )
+
+
+def check_to_dict(check: CheckResult) -> dict[str, Any]:
+    """JSON-able dictionary of a :class:`CheckResult` (enums as values, an infinite minimum
+    detectable TV as None)."""
+    data = dataclasses.asdict(check)
+    data["kind"] = check.kind.value
+    data["verdict"] = check.verdict.value
+    if not math.isfinite(check.min_detectable_tv):
+        data["min_detectable_tv"] = None
+    return data
+
+
+def check_from_dict(data: dict[str, Any]) -> CheckResult:
+    """Inverse of :func:`check_to_dict` (also reads the check objects of a saved audit record).
+
+    Raises:
+        KeyError, TypeError: a field is missing or unknown. ValueError: an unknown kind or
+            verdict.
+    """
+    values = dict(data)
+    values["kind"] = CheckKind(values["kind"])
+    values["verdict"] = Verdict(values["verdict"])
+    if values["min_detectable_tv"] is None:
+        values["min_detectable_tv"] = math.inf
+    return CheckResult(**values)

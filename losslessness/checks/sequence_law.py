@@ -369,13 +369,10 @@ def check_drafts_accepted(
         length.
     """
     if before is None or after is None:
-        return context.result(
+        return context.untested(
             DRAFTS_ACCEPTED_CHECK_ID,
-            kind=CheckKind.EXACT,
-            n=0,
-            verdict=Verdict.SKIPPED,
-            min_detectable_tv=float("inf"),
-            message="the engine does not report accepted lengths (ReportsAcceptedLengths)",
+            Verdict.SKIPPED,
+            "the engine does not report accepted lengths (ReportsAcceptedLengths)",
         )
     histogram = {
         length: after.get(length, 0) - before.get(length, 0)
@@ -384,13 +381,8 @@ def check_drafts_accepted(
     }
     steps = sum(histogram.values())
     if steps == 0:
-        return context.result(
-            DRAFTS_ACCEPTED_CHECK_ID,
-            kind=CheckKind.EXACT,
-            n=0,
-            verdict=Verdict.SKIPPED,
-            min_detectable_tv=float("inf"),
-            message="the engine reported no verify steps",
+        return context.untested(
+            DRAFTS_ACCEPTED_CHECK_ID, Verdict.SKIPPED, "the engine reported no verify steps"
         )
     any_share = sum(c for length, c in histogram.items() if length >= 1) / steps
     multi_share = sum(c for length, c in histogram.items() if length >= 2) / steps

@@ -85,3 +85,27 @@ def check_structure(samples: ChainSamples, context: CheckContext) -> CheckResult
         message=message,
         details={"violations": {name: int(mask.sum()) for name, mask in problems.items()}},
     )
+
+
+def malformed_output_result(context: CheckContext, problem: object) -> CheckResult:
+    """The ``structure`` result of a case whose sampling stopped at a malformed output (a
+    :class:`~losslessness.checks.sampling.ProtocolViolation`: wrong shape, dtype or values).
+
+    Args:
+        context: the case's context.
+        problem: what was malformed (the violation, or its text).
+
+    Returns:
+        An exact LOSSY :class:`CheckResult` with p-value 0, ``n`` 0 (no complete sample was
+        counted) and an infinite minimum detectable TV; the message is ``malformed output:
+        {problem}``.
+    """
+    return context.result(
+        "structure",
+        kind=CheckKind.EXACT,
+        n=0,
+        verdict=Verdict.LOSSY,
+        p_value=0.0,
+        min_detectable_tv=float("inf"),
+        message=f"malformed output: {problem}",
+    )

@@ -22,14 +22,12 @@ from __future__ import annotations
 import json
 import re
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import click
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from losslessness.commands.progress import progress_bar
 from losslessness.nightly import (
     DEVICE_DEFAULTS,
     NightlyConfig,
@@ -43,32 +41,10 @@ from losslessness.nightly import (
     save_shard,
 )
 from losslessness.nightly.plan import DEVICES
-from losslessness.nightly.run import UnitProgress
 from losslessness.stats import DEFAULT_FAMILY_WISE_ALPHA
 
 NIGHTLY_FILE = "nightly.json"
 """The night's own record next to the reports: plan, error budget, shards, suite runs."""
-
-
-@contextmanager
-def _unit_progress(enabled: bool) -> Iterator[UnitProgress]:
-    progress = Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("units"),
-        TimeElapsedColumn(),
-        console=Console(stderr=True),
-        transient=True,
-        disable=not enabled,
-    )
-    task = progress.add_task("planning", total=None)
-
-    def update(done: int, total: int, label: str) -> None:
-        progress.update(task, completed=done, total=total, description=label)
-
-    with progress:
-        yield update
 
 
 def write_night(
@@ -260,7 +236,7 @@ def nightly_command(
         f"nightly plan {plan.fingerprint[:12]}: {len(plan.units)} units, budget "
         f"{config.budget:g}x CI, seed {config.seed}; running shard {spec}"
     )
-    with _unit_progress(not no_progress and sys.stderr.isatty()) as update:
+    with progress_bar("units", quiet=no_progress) as update:
         shard = run_shard(plan, spec, out_dir, progress=update)
     if shard_text is not None:
         path = save_shard(shard, out_dir / spec.file_name)

@@ -39,7 +39,7 @@ from losslessness.adapters import (
     registered_adapters,
     resolve_adapter,
 )
-from losslessness.audit import AuditConfig, UnavailableTarget
+from losslessness.audit import AuditConfig, RunDesign, UnavailableTarget
 from losslessness.checks import (
     ChainCase,
     GreedyCase,
@@ -50,7 +50,7 @@ from losslessness.checks import (
 )
 from losslessness.checks.sampling import rows_per_call
 from losslessness.nightly.shards import UnitRecord
-from losslessness.stats import DEFAULT_FAMILY_WISE_ALPHA, ErrorBudget
+from losslessness.stats import ErrorBudget
 
 PLAN_VERSION = "1"
 """Version of the plan layout; shards of different versions never merge."""
@@ -98,15 +98,12 @@ targets). The CPU defaults are a smoke-sized night; GPU machines run 10x the CI 
 
 
 @dataclass(frozen=True)
-class NightlyConfig:
-    """Design of one night.
+class NightlyConfig(RunDesign):
+    """Design of one night: :class:`~losslessness.audit.RunDesign` (``tv`` and ``power`` of the
+    CI plan the budget multiplies; ``family_wise_alpha`` over the battery and the device checks
+    together; ``seed``: every chunk's seed derives from it), then
 
     Attributes:
-        tv: design TV distance eps of the CI plan the budget multiplies.
-        family_wise_alpha: probability that correct targets get any false alarm from the
-            battery and the device checks together.
-        power: design power 1 - beta of the CI plan.
-        seed: the run seed; every chunk's seed derives from it.
         budget: multiplier of the CI plan's verification steps (> 0; 10 to 100 on a GPU
             machine, below 1 for smoke runs).
         device: ``cpu`` or ``cuda``: where the device checks run.
@@ -123,10 +120,6 @@ class NightlyConfig:
         ValueError: naming the field, for values out of range.
     """
 
-    tv: float = 0.05
-    family_wise_alpha: float = DEFAULT_FAMILY_WISE_ALPHA
-    power: float = 0.9
-    seed: int = 0
     budget: float = DEVICE_DEFAULTS["cuda"].budget
     device: str = "cpu"
     targets: tuple[str, ...] = ()
@@ -138,7 +131,7 @@ class NightlyConfig:
     max_chunk_steps: int = CHUNK_STEPS
 
     def __post_init__(self) -> None:
-        AuditConfig(tv=self.tv, family_wise_alpha=self.family_wise_alpha, power=self.power)
+        super().__post_init__()
         if not (math.isfinite(self.budget) and self.budget > 0):
             raise ValueError(f"budget: must be a positive number, got {self.budget}")
         if self.device not in DEVICES:

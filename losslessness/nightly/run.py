@@ -37,21 +37,21 @@ from losslessness.audit import (
     AuditResult,
     TargetResult,
     TargetVerdict,
-    _environment,
-    _target_verdict,
     run_audit,
+    run_environment,
+    target_verdict,
 )
 from losslessness.checks import (
     SEQUENCE_CHECK_IDS,
     ChainCase,
     ChainSamples,
     CheckContext,
-    CheckKind,
     CheckResult,
     ProtocolViolation,
     Verdict,
     check_greedy,
     default_chain_battery,
+    malformed_output_result,
     run_chain_checks,
     sample_chain,
 )
@@ -130,17 +130,6 @@ def _greedy_context(plan: NightlyPlan, target: str, case_id: str) -> CheckContex
     )
 
 
-def _error_check(context: CheckContext, check_id: str, message: str) -> CheckResult:
-    return context.result(
-        check_id,
-        kind=CheckKind.EXACT,
-        n=0,
-        verdict=Verdict.ERROR,
-        min_detectable_tv=float("inf"),
-        message=message,
-    )
-
-
 def _run_greedy_unit(plan: NightlyPlan, adapter: Adapter, unit: Unit) -> UnitRecord:
     assert adapter.greedy is not None
     record = unit.record()
@@ -153,7 +142,7 @@ def _run_greedy_unit(plan: NightlyPlan, adapter: Adapter, unit: Unit) -> UnitRec
         record.verifier_calls = 1
     except Exception as error:
         record.failure_kind, record.failure = "error", _failure_message(error)
-        record.checks = [_error_check(context, "greedy", record.failure)]
+        record.checks = [context.untested("greedy", Verdict.ERROR, record.failure)]
     record.wall_time_s = record.verifier_time_s = time.perf_counter() - began
     return record
 
@@ -274,7 +263,7 @@ def run_shard(
         tables=tables,
         target_descriptions={adapter.name: adapter.description for adapter in plan.targets},
         unavailable={target.name: target.reason for target in plan.unavailable},
-        environment=_environment(),
+        environment=run_environment(),
         started_at=started,
         wall_time_s=time.perf_counter() - began,
     )
@@ -332,21 +321,10 @@ def _chain_checks(
     failures = sorted((unit for unit in units if unit.failure_kind), key=lambda unit: unit.index)
     protocol = [unit for unit in failures if unit.failure_kind == "protocol"]
     if protocol:
-        return [
-            context.result(
-                "structure",
-                kind=CheckKind.EXACT,
-                n=0,
-                verdict=Verdict.LOSSY,
-                p_value=0.0,
-                min_detectable_tv=float("inf"),
-                message=f"malformed output: {protocol[0].failure}",
-            )
-        ]
+        return [malformed_output_result(context, protocol[0].failure)]
     if failures:
-        return [
-            _error_check(context, check_id, str(failures[0].failure)) for check_id in CHAIN_CHECKS
-        ]
+        message = str(failures[0].failure)
+        return [context.untested(check_id, Verdict.ERROR, message) for check_id in CHAIN_CHECKS]
     table = merged.tables[(target, case.case_id)]
     outputs, drafts = expand_table(table, case.n_rows, case.k)
     samples = ChainSamples(
@@ -413,13 +391,14 @@ def finish_night(shards: Sequence[ShardResult]) -> NightlyResult:
             else:
                 result.checks += [check for unit in units for check in unit.checks]
             _totals(result, units)
-        result.verdict = _target_verdict(result.checks)
+        result.verdict = target_verdict(result.checks)
         targets.append(result)
     unavailable = merged.shards[0].unavailable
+    # A target the user named must load (ERROR); registered adapters whose package or device
+    # is missing on this machine are listed but decide nothing.
+    missing = TargetVerdict.ERROR if config["targets"] else TargetVerdict.UNAVAILABLE
     for name in plan["unavailable"]:
-        targets.append(
-            TargetResult(name, "unavailable", TargetVerdict.ERROR, error=unavailable.get(name))
-        )
+        targets.append(TargetResult(name, "unavailable", missing, error=unavailable.get(name)))
     device_unavailable: list[list[str]] = []
     for unit in device_units:
         grouped: dict[str, list[CheckResult]] = {}
@@ -427,7 +406,7 @@ def finish_night(shards: Sequence[ShardResult]) -> NightlyResult:
             grouped.setdefault(check.target, []).append(check)
         for name, checks in grouped.items():
             result = TargetResult(
-                name, f"device checks on {config['device']}", _target_verdict(checks), checks
+                name, f"device checks on {config['device']}", target_verdict(checks), checks
             )
             result.wall_time_s = sum(check.wall_time_s for check in checks)
             targets.append(result)
@@ -444,7 +423,10 @@ def finish_night(shards: Sequence[ShardResult]) -> NightlyResult:
     for name, reason in device_unavailable:
         targets.append(
             TargetResult(
-                f"{name}@{config['device']}", "unavailable", TargetVerdict.ERROR, error=reason
+                f"{name}@{config['device']}",
+                "unavailable",
+                TargetVerdict.UNAVAILABLE,
+                error=reason,
             )
         )
     suite_junit = {}
@@ -452,7 +434,7 @@ def finish_night(shards: Sequence[ShardResult]) -> NightlyResult:
         result = TargetResult(
             f"suite:{name}",
             f"property suite on {name}, Hypothesis profile {config['suite_profile']!r}",
-            _target_verdict(unit.checks),
+            target_verdict(unit.checks),
             unit.checks,
             wall_time_s=unit.wall_time_s,
         )

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import re
 import zipfile
 from dataclasses import dataclass, field
@@ -36,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from losslessness.checks import CheckKind, CheckResult, Verdict
+from losslessness.checks import CheckResult, check_from_dict, check_to_dict
 
 SHARD_FORMAT_VERSION = "1"
 """Version of the shard file layout; :func:`load_shard` rejects other versions."""
@@ -287,26 +286,6 @@ class ShardResult:
         return self.source or f"shard {self.shard}"
 
 
-def check_to_dict(check: CheckResult) -> dict[str, Any]:
-    """JSON-able dictionary of a :class:`CheckResult` (enums as values, inf as None)."""
-    data = dataclasses.asdict(check)
-    data["kind"] = check.kind.value
-    data["verdict"] = check.verdict.value
-    if not math.isfinite(check.min_detectable_tv):
-        data["min_detectable_tv"] = None
-    return data
-
-
-def check_from_dict(data: dict[str, Any]) -> CheckResult:
-    """Inverse of :func:`check_to_dict`."""
-    values = dict(data)
-    values["kind"] = CheckKind(values["kind"])
-    values["verdict"] = Verdict(values["verdict"])
-    if values["min_detectable_tv"] is None:
-        values["min_detectable_tv"] = math.inf
-    return CheckResult(**values)
-
-
 def _json_default(value: object) -> Any:
     if isinstance(value, np.generic):
         return value.item()
@@ -495,8 +474,6 @@ __all__ = [
     "ShardResult",
     "ShardSpec",
     "UnitRecord",
-    "check_from_dict",
-    "check_to_dict",
     "count_records",
     "expand_table",
     "load_shard",
