@@ -31,6 +31,7 @@ from losslessness.stats import (
     plan_identity_test,
     pooling_partition,
 )
+from losslessness.stats.power import _binomial_rejection_region
 
 
 def test_chi_square_power_increases_with_n_and_tv() -> None:
@@ -274,3 +275,36 @@ def test_invalid_input_raises_value_error_naming_the_argument(call: object, matc
     """Every out-of-range argument is rejected with a message naming it."""
     with pytest.raises(ValueError, match=match):
         call()  # type: ignore[operator]
+
+
+def _region_by_full_search(n: int, rate: float, alpha: float) -> tuple[int | None, int | None]:
+    """The rejection region by binary search over each whole side, without any bracket."""
+
+    def rejects(k: int) -> bool:
+        return acceptance_rate_test(k, n, rate).pvalue <= alpha
+
+    low = high = None
+    top, bottom = math.ceil(n * rate) - 1, math.floor(n * rate) + 1
+    if top >= 0 and rejects(0):
+        lo, hi = 0, top
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if rejects(mid) else (lo, mid - 1)
+        low = lo
+    if bottom <= n and rejects(n):
+        lo, hi = bottom, n
+        while lo < hi:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if rejects(mid) else (mid + 1, hi)
+        high = hi
+    return low, high
+
+
+@pytest.mark.parametrize("n", [1, 5, 37, 1000, 20000, 300000])
+@pytest.mark.parametrize("rate", [0.0, 1e-4, 0.3, 0.5, 0.97, 1.0])
+@pytest.mark.parametrize("alpha", [0.05, 6.7e-6])
+def test_bracketed_rejection_region_equals_the_full_search(
+    n: int, rate: float, alpha: float
+) -> None:
+    """The quantile bracket that speeds up the region search never changes the region."""
+    assert _binomial_rejection_region(n, rate, alpha) == _region_by_full_search(n, rate, alpha)
