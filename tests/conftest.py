@@ -10,7 +10,10 @@ any test module is imported, so test modules that size their statistical budget 
 
 from __future__ import annotations
 
+import os
+
 import pytest
+import torch
 
 import strategies
 from strategies.profiles import add_profile_option, configure_profile
@@ -18,6 +21,12 @@ from strategies.profiles import add_profile_option, configure_profile
 ACTIVE_HYPOTHESIS_PROFILE = strategies.load_profile()
 """Name of the Hypothesis profile loaded from the environment at conftest import (the option,
 when given, replaces it in ``pytest_configure``)."""
+
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # tox runs one xdist worker per core; torch's intra-op threads on top oversubscribe the
+    # cores (on 2 cores: 395 s with torch's default threads, 277 s with one thread each).
+    torch.set_num_threads(1)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
