@@ -22,6 +22,7 @@ from losslessness.checks import default_chain_battery, sample_chain
 from losslessness.protocol import InvalidInputError
 from losslessness.reference import (
     ChainUniforms,
+    accepted_lengths,
     compute_dtype,
     sample_inverse_cdf,
     sample_inverse_cdf_from_tables,
@@ -194,20 +195,36 @@ def test_malformed_uniforms_keyword_is_refused_naming_the_argument(
     assert raised.value.argument == argument
 
 
-def test_drawing_from_shared_tables_equals_drawing_from_per_draw_rows() -> None:
+@pytest.mark.parametrize("n_tables", [6, 200, 40_000], ids=["int8", "int16", "int32"])
+def test_drawing_from_shared_tables_equals_drawing_from_per_draw_rows(n_tables: int) -> None:
     """Exact: ``sample_inverse_cdf_from_tables(P, t, u) == sample_inverse_cdf(P[t], u)``,
-    including uniforms whose target rounds up to the total (the last positive-mass token)."""
+    including uniforms whose target rounds up to the total (the last positive-mass token), for
+    table counts whose labels are grouped as int8, int16 and int32."""
     generator = torch.Generator().manual_seed(SEED)
-    probs = torch.rand((6, 50), generator=generator, dtype=torch.float64)
+    probs = torch.rand((n_tables, 50), generator=generator, dtype=torch.float64)
     probs[:, -7:] = 0.0
     probs[2] = 0.0
     probs[2, 3] = 1.0
-    table = torch.randint(0, 6, (5000,), generator=generator)
+    table = torch.randint(0, n_tables, (5000,), generator=generator)
+    table[:n_tables] = torch.arange(min(n_tables, 5000))
     uniforms = torch.rand(5000, generator=generator, dtype=torch.float64)
     uniforms[:20] = 1.0 - 2.0**-53
     got = sample_inverse_cdf_from_tables(probs, table, uniforms)
     assert torch.equal(got, sample_inverse_cdf(probs[table], uniforms))
     assert bool((probs[table, got] > 0).all())
+
+
+@pytest.mark.parametrize("k", [0, 1, 2, 5, 8])
+def test_accepted_lengths_is_the_leading_run_of_accepted_drafts(k: int) -> None:
+    """``accepted_lengths`` equals its definition, the number of leading True per row (the
+    product-of-prefixes formula), on random decisions with every run length present."""
+    generator = torch.Generator().manual_seed(SEED + k)
+    accepted = torch.rand((4000, k), generator=generator) < 0.8
+    expected = accepted.to(torch.int64).cumprod(dim=1).sum(dim=1)
+    got = accepted_lengths(accepted)
+    assert got.dtype == torch.int64
+    assert torch.equal(got, expected)
+    assert set(got.tolist()) == set(range(k + 1))
 
 
 def test_reference_outputs_live_on_the_inputs_device_and_mixed_devices_are_refused() -> None:
