@@ -49,9 +49,8 @@ def emitted_tokens(
     positions = torch.arange(k + 1, device=draft_token_ids.device)
     # One [B, k+1] allocation, filled in place: drafts, then -1 after the final token's slot,
     # then the final token (fewer passes than a full(-1) and a where over the drafts).
-    out = torch.cat(
-        [draft_token_ids.to(torch.int64), final_token.to(torch.int64).unsqueeze(1)], dim=1
-    )
+    final = final_token.to(torch.int64).unsqueeze(1)
+    out = torch.cat([draft_token_ids.to(torch.int64), final], dim=1)
     out.masked_fill_(positions.unsqueeze(0) > n_accepted.unsqueeze(1), PLACEHOLDER)
-    out.scatter_(1, n_accepted.unsqueeze(1), final_token.to(torch.int64).unsqueeze(1))
+    out.scatter_(1, n_accepted.unsqueeze(1), final)
     return out

@@ -457,7 +457,7 @@ def binomial_minimum_detectable_shift(n: int, rate: float, alpha: float, power: 
     """Smallest rate shift the exact two-sided binomial test detects with ``power`` at ``n``.
 
     The rejection region is that of :func:`acceptance_rate_test` (``scipy.stats.binomtest``,
-    two-sided, likelihood "minlike" ordering), found exactly by binary search on its p-values;
+    two-sided, likelihood "minlike" ordering), found exactly by search on its p-values;
     the power at a shifted rate ``rate + delta`` is ``P(K in region)`` under
     ``binom(n, rate + delta)`` (``scipy.special.bdtr``), and ``delta`` is solved with
     ``scipy.optimize.brentq``. Both directions that stay inside [0, 1] are solved and the worse
