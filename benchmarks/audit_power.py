@@ -15,7 +15,8 @@ import collections
 import time
 
 from losslessness.adapters import resolve_adapter
-from losslessness.audit import AuditConfig, run_audit
+from losslessness.design import AuditConfig
+from losslessness.engine import run_audit
 
 TARGETS = (
     "reference",

@@ -47,21 +47,12 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from statsmodels.stats.proportion import proportion_confint
 
 from losslessness.adapters.mutants import MUTANTS, Mutant
-from losslessness.checks import (
-    ChainCase,
-    ChainSamples,
-    CheckContext,
-    CheckKind,
-    GreedyCase,
-    ProtocolViolation,
-    Verdict,
-    check_greedy,
-    count_statistical_assertions,
-    run_chain_checks,
-    sample_chain,
-)
-from losslessness.checks.sampling import coerce_output
+from losslessness.cases import ChainCase, GreedyCase
+from losslessness.checks import check_greedy, count_statistical_assertions, run_chain_checks
+from losslessness.engine.draw import ProtocolViolation, coerce_output, sample_chain
 from losslessness.reference import verify as reference_verify
+from losslessness.results import CheckContext, CheckKind, Verdict
+from losslessness.samples import ChainSamples
 from losslessness.seeding import derive_seed
 from losslessness.stats import DEFAULT_FAMILY_WISE_ALPHA
 from losslessness.stats.peers import (

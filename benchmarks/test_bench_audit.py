@@ -32,9 +32,10 @@ import torch
 from click.testing import CliRunner
 
 from losslessness.adapters import Adapter, resolve_adapter
-from losslessness.audit import AuditConfig, plan_audit, run_audit
-from losslessness.checks.sampling import rows_per_call
 from losslessness.cli import main
+from losslessness.design import AuditConfig
+from losslessness.engine import plan_run, run_audit
+from losslessness.engine.draw import rows_per_call
 from losslessness.reference import sample_inverse_cdf
 
 TRANSFORMERS_CASES = ("v16-near-k4", "v32-mixed-batch", "v1000-peaked", "v4096-flat")
@@ -55,7 +56,7 @@ def _bare_calls_s(adapter: Adapter, config: AuditConfig) -> tuple[float, float, 
     Returns:
         (wall seconds inside the calls, CPU seconds of this process inside them, calls).
     """
-    plan = plan_audit([adapter], config)
+    plan = plan_run([adapter], config)
     generator = torch.Generator().manual_seed(SEED)
     spent, cpu, calls = 0.0, 0.0, 0
     for case in plan.chain_cases if adapter.chain is not None else []:

@@ -16,7 +16,9 @@ import pytest
 from detection_rates import METHODS, verdict
 
 from losslessness.adapters.mutants import MUTANTS
-from losslessness.checks import ChainCase, ChainSamples, sample_chain
+from losslessness.cases import ChainCase
+from losslessness.engine.draw import sample_chain
+from losslessness.samples import ChainSamples
 
 STEPS = 10_000
 SEED = 4

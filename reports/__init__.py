@@ -10,12 +10,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from losslessness.audit import AuditResult
+from losslessness.results import AuditResult
 from reports.html import render_html, write_html
 from reports.jsonio import audit_from_dict, audit_to_dict, read_json, write_json
 from reports.junit import render_junit, write_junit
-from reports.markdown import STEP_SUMMARY_LIMIT, overall_verdict, render_markdown
-from reports.terminal import print_audit, replay_command
+from reports.markdown import STEP_SUMMARY_LIMIT, render_markdown
+from reports.terminal import print_audit
 from reports.trends import (
     POWER_DROP_FACTOR,
     CheckTrend,
@@ -81,13 +81,11 @@ __all__ = [
     "audit_to_dict",
     "compute_trends",
     "load_history",
-    "overall_verdict",
     "print_audit",
     "read_json",
     "render_html",
     "render_junit",
     "render_markdown",
-    "replay_command",
     "write_html",
     "write_json",
     "write_junit",

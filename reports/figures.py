@@ -35,8 +35,7 @@ from matplotlib.figure import Figure as MplFigure
 from scipy import stats
 from statsmodels.stats.proportion import proportion_confint
 
-from losslessness.audit import AuditResult, TargetResult
-from losslessness.checks import CheckKind, CheckResult, Verdict
+from losslessness.results import AuditResult, CheckKind, CheckResult, TargetResult, Verdict
 
 VERDICT_COLORS = {
     Verdict.PASS: "#2e7d32",

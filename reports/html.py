@@ -15,16 +15,14 @@ from typing import Any
 
 import jinja2
 
-from losslessness.audit import AuditResult
-from losslessness.checks import CheckKind, CheckResult, Verdict
+from losslessness.results import AuditResult, CheckKind, CheckResult, Verdict
 from reports.figures import (
     MAX_LAW_FIGURES,
     MAX_LAW_FIGURES_TOTAL,
     VERDICT_COLORS,
     report_figures,
 )
-from reports.markdown import overall_verdict
-from reports.terminal import format_number, replay_command
+from reports.terminal import format_number
 from reports.trends import CheckTrend, Trends
 
 HISTORY_COLUMNS = 10
@@ -67,7 +65,7 @@ def _check_row(result: AuditResult, check: CheckResult) -> _CheckRow:
         min_tv=format_number(check.min_detectable_tv),
         underpowered=check.kind is CheckKind.STATISTICAL
         and check.min_detectable_tv > result.config.tv * 1.0001,
-        replay=replay_command(result, check),
+        replay=check.replay or "",
     )
 
 
@@ -151,7 +149,7 @@ def render_html(
     return template.render(
         result=result,
         config=result.config,
-        overall=overall_verdict(result).value,
+        overall=result.verdict.value,
         targets=targets,
         failing=failing,
         verdicts=[verdict.value for verdict in Verdict],

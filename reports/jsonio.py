@@ -13,14 +13,14 @@ import math
 from pathlib import Path
 from typing import Any
 
-from losslessness.audit import (
+from losslessness.design import AuditConfig
+from losslessness.results import (
     SCHEMA_VERSION,
-    AuditConfig,
     AuditResult,
     TargetResult,
     TargetVerdict,
+    check_from_dict,
 )
-from losslessness.checks import check_from_dict
 
 
 def _plain(value: Any) -> Any:
@@ -51,9 +51,7 @@ def audit_from_dict(data: dict[str, Any]) -> AuditResult:
         raise ValueError(
             f"schema_version: expected {SCHEMA_VERSION!r}, got {data.get('schema_version')!r}"
         )
-    config = dict(data["config"])
-    config["only"] = tuple(config["only"])
-    config["cases"] = tuple(config["cases"])
+
     targets = []
     for target in data["targets"]:
         values = dict(target)
@@ -61,7 +59,7 @@ def audit_from_dict(data: dict[str, Any]) -> AuditResult:
         values["checks"] = [check_from_dict(check) for check in values["checks"]]
         targets.append(TargetResult(**values))
     values = dict(data)
-    values["config"] = AuditConfig(**config)
+    values["config"] = AuditConfig.from_json(data["config"])
     values["targets"] = targets
     return AuditResult(**values)
 

@@ -23,9 +23,7 @@ import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from losslessness.audit import AuditResult, TargetResult
-from losslessness.checks import CheckResult, Verdict
-from reports.terminal import replay_command
+from losslessness.results import AuditResult, CheckResult, TargetResult, Verdict
 
 _INVALID_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 
@@ -69,7 +67,7 @@ def _testcase(suite: ET.Element, result: AuditResult, check: CheckResult) -> Non
         "p_value": _number(check.p_value),
         "n": str(check.n),
         "case_hash": check.case_hash,
-        "replay": replay_command(result, check),
+        "replay": check.replay or "",
     }
     lines = [f"{key}={value}" for key, value in numbers.items()]
     if check.verdict is Verdict.SUBOPTIMAL:

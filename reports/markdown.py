@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import html
 
-from losslessness.audit import AuditResult, TargetVerdict
-from losslessness.checks import CheckKind, CheckResult, Verdict
-from reports.terminal import replay_command
+from losslessness.results import AuditResult, CheckKind, CheckResult, Verdict
 from reports.trends import CheckTrend, Trends
 
 STEP_SUMMARY_LIMIT = 1024 * 1024
@@ -25,15 +23,6 @@ MAX_ROWS = 50
 
 MAX_MESSAGE = 240
 """Characters of a check's message kept in a table cell."""
-
-_SEVERITY = (
-    TargetVerdict.LOSSY,
-    TargetVerdict.ERROR,
-    TargetVerdict.SUBOPTIMAL,
-    TargetVerdict.LOSSLESS,
-    TargetVerdict.UNAVAILABLE,
-)
-
 
 def _cell(text: str, limit: int = MAX_MESSAGE) -> str:
     """``text`` safe inside a GitHub table cell."""
@@ -47,14 +36,6 @@ def _number(value: float | None) -> str:
     if value is None:
         return "-"
     return f"{value:.3g}"
-
-
-def overall_verdict(result: AuditResult) -> TargetVerdict:
-    """The worst target verdict of the run (LOSSY > ERROR > SUBOPTIMAL > LOSSLESS); targets
-    that are merely UNAVAILABLE here count only when nothing else ran; LOSSLESS for a run
-    without targets."""
-    verdicts = {target.verdict for target in result.targets}
-    return next((verdict for verdict in _SEVERITY if verdict in verdicts), TargetVerdict.LOSSLESS)
 
 
 def _failing(result: AuditResult) -> list[CheckResult]:
@@ -135,7 +116,7 @@ def render_markdown(result: AuditResult, trends: Trends | None = None) -> str:
     """
     config = result.config
     lines = [
-        f"# losslessness audit: {overall_verdict(result).value}",
+        f"# losslessness audit: {result.verdict.value}",
         "",
         f"Seed {config.seed}, started {_cell(result.started_at)}, wall time "
         f"{result.wall_time_s:.1f} s, losslessness "
@@ -175,7 +156,7 @@ def render_markdown(result: AuditResult, trends: Trends | None = None) -> str:
             lines.append(
                 f"| **{check.verdict.value}** | {_cell(check.target)} | {_cell(check.check_id)} "
                 f"| {_cell(check.where)} | {_number(check.p_value)} | {_cell(check.message)} "
-                f"| <code>{_cell(replay_command(result, check), 1000)}</code> |"
+                f"| <code>{_cell(check.replay or '-', 1000)}</code> |"
             )
         if len(failing) > MAX_ROWS:
             lines.append(f"\n... and {len(failing) - MAX_ROWS} more (see report.html).")

@@ -9,8 +9,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from losslessness.audit import AuditResult, TargetVerdict
-from losslessness.checks import CheckKind, CheckResult, Verdict
+from losslessness.results import AuditResult, CheckKind, TargetVerdict, Verdict
 
 _STYLES = {
     Verdict.PASS: "green",
@@ -34,15 +33,6 @@ def format_number(value: float | None, digits: int = 3) -> str:
     if math.isinf(value):
         return "inf"
     return f"{value:.{digits}g}"
-
-
-def replay_command(result: AuditResult, check: CheckResult) -> str:
-    """The command that redraws exactly the samples behind ``check`` and recomputes its test."""
-    steps = check.details.get("steps")
-    return (
-        f"losslessness audit {check.target} --seed {result.config.seed} --case {check.case_id} "
-        f"--only {check.check_id}" + (f" --steps {steps}" if steps else "")
-    )
 
 
 def _table(result: AuditResult, index: int) -> Table:
@@ -125,7 +115,8 @@ def print_audit(result: AuditResult, console: Console | None = None) -> None:
                         check.message,
                     )
                 )
-                console.print(Text(f"  replay: {replay_command(result, check)}", style="dim"))
+                if check.replay:
+                    console.print(Text(f"  replay: {check.replay}", style="dim"))
     for target in result.targets:
         counts = {verdict: sum(c.verdict is verdict for c in target.checks) for verdict in Verdict}
         summary = ", ".join(

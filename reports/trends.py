@@ -22,8 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from losslessness.audit import AuditResult
-from losslessness.checks import CheckResult, Verdict
+from losslessness.results import AuditResult, CheckResult, Verdict
 from reports.jsonio import audit_from_dict, audit_to_dict, read_json
 
 POWER_DROP_FACTOR = 1.25

@@ -14,17 +14,13 @@ import pytest
 from scipy import stats
 
 from losslessness.adapters import resolve_adapter
-from losslessness.audit import AuditConfig, run_audit
-from losslessness.checks import (
-    CheckContext,
-    CheckKind,
-    Verdict,
-    check_acceptance,
-    check_conditional_laws,
-    default_chain_battery,
-    sample_chain,
-)
+from losslessness.checks import check_acceptance, check_conditional_laws
+from losslessness.design import AuditConfig
+from losslessness.engine import run_audit
+from losslessness.engine.battery import default_chain_battery
+from losslessness.engine.draw import sample_chain
 from losslessness.reference import verify
+from losslessness.results import CheckContext, CheckKind, Verdict
 
 SEEDS = 400
 STEPS = 3000

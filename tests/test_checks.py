@@ -10,19 +10,17 @@ import numpy as np
 import pytest
 import torch
 
+from losslessness.cases import ChainCase
 from losslessness.checks import (
-    ChainCase,
-    ChainSamples,
-    CheckContext,
-    CheckKind,
-    Verdict,
     check_acceptance,
     check_conditional_laws,
     check_row_independence,
     check_structure,
-    sample_chain,
 )
+from losslessness.engine.draw import sample_chain
 from losslessness.reference import verify
+from losslessness.results import CheckContext, CheckKind, Verdict
+from losslessness.samples import ChainSamples
 
 P = torch.tensor([[[0.5, 0.5, 0.0], [0.2, 0.3, 0.5]]], dtype=torch.float64)
 Q = torch.tensor([[[0.25, 0.25, 0.5]]], dtype=torch.float64)

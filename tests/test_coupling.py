@@ -13,7 +13,6 @@ import dataclasses
 import pytest
 import torch
 
-from losslessness.checks import CheckKind, Verdict, default_chain_battery
 from losslessness.checks.coupling import (
     accepts_uniforms,
     check_coupling,
@@ -21,6 +20,7 @@ from losslessness.checks.coupling import (
     deterministic_draft_case,
     run_device_checks,
 )
+from losslessness.engine.battery import default_chain_battery
 from losslessness.protocol import validate_chain_inputs
 from losslessness.reference import (
     ChainUniforms,
@@ -30,6 +30,7 @@ from losslessness.reference import (
     sample_inverse_cdf,
     verify,
 )
+from losslessness.results import CheckKind, Verdict
 from tests.wrong_verifiers import residual_is_target
 
 CASES = {case.case_id: case for case in default_chain_battery()}

@@ -17,12 +17,15 @@ from click.testing import CliRunner
 from losslessness.adapters import Adapter, EndToEndTarget
 from losslessness.adapters.reference import adapter as reference_adapter
 from losslessness.adapters.toy import MUTANT_TEMPERATURE, adapter, mutant_adapter, toy_models
-from losslessness.audit import AuditConfig, TargetVerdict, plan_audit, run_audit
-from losslessness.checks import Verdict, count_statistical_assertions, default_chain_battery
+from losslessness.checks import count_statistical_assertions
 from losslessness.cli import main
+from losslessness.design import AuditConfig
+from losslessness.engine import plan_run, run_audit
+from losslessness.engine.battery import default_chain_battery
 from losslessness.reference.decoding import SpeculativeDecoder
 from losslessness.reference.proposers import DraftModelProposer, Proposal, one_hot_rows
 from losslessness.reference.toy import MarkovLM
+from losslessness.results import TargetVerdict, Verdict
 
 MUTANT_DESIGN = AuditConfig(tv=0.1)
 """Mutants are audited at design TV 0.1 (power 0.9, family-wise 1e-3): a quarter of the
@@ -92,10 +95,10 @@ def test_sequence_law_assertions_share_the_bonferroni_budget_with_chain_checks()
     """Planned together, the reference's chain assertions and the toy's two sampled targets
     split one family-wise rate; sequence-law is one assertion per sampled target."""
     config = AuditConfig(tv=0.1)
-    plan = plan_audit([reference_adapter, adapter()], config)
+    plan = plan_run([reference_adapter, adapter()], config)
     chain = sum(count_statistical_assertions(case) for case in default_chain_battery())
     assert plan.budget.n_assertions == chain + 2
-    only = plan_audit([reference_adapter, adapter()], AuditConfig(only=("sequence-law",)))
+    only = plan_run([reference_adapter, adapter()], AuditConfig(only=("sequence-law",)))
     assert only.budget.n_assertions == 2 and not only.chain_cases
 
 

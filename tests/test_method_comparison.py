@@ -35,7 +35,7 @@ from benchmarks.detection_rates import (
     verdict,
 )
 from losslessness.adapters.mutants import MUTANTS, Mutant
-from losslessness.checks import ChainCase
+from losslessness.cases import ChainCase
 from losslessness.seeding import derive_seed
 from losslessness.stats import DEFAULT_FAMILY_WISE_ALPHA
 

@@ -19,16 +19,13 @@ from click.testing import CliRunner
 
 from losslessness.adapters import AdapterNotFound, resolve_adapter
 from losslessness.adapters.mutants import MUTANT_PREFIX, MUTANTS, Mutant, mutant
-from losslessness.audit import AuditConfig, TargetVerdict, run_audit
-from losslessness.checks import (
-    ChainCase,
-    CheckContext,
-    Verdict,
-    check_greedy,
-    run_chain_checks,
-    sample_chain,
-)
+from losslessness.cases import ChainCase
+from losslessness.checks import check_greedy, run_chain_checks
 from losslessness.cli import main
+from losslessness.design import AuditConfig
+from losslessness.engine import run_audit
+from losslessness.engine.draw import sample_chain
+from losslessness.results import CheckContext, TargetVerdict, Verdict
 
 CASE_STEPS = 4000
 """Verify steps per mutant case in the mechanism check (small V and k: enough for every

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from losslessness.checks import CheckContext, CheckKind, Verdict, default_chain_battery
 from losslessness.checks.precision import (
     cast_probabilities,
     check_precision,
@@ -15,6 +14,8 @@ from losslessness.checks.precision import (
     summation_error_bound,
     unit_roundoff,
 )
+from losslessness.engine.battery import default_chain_battery
+from losslessness.results import CheckContext, CheckKind, Verdict
 
 CASES = {case.case_id: case for case in default_chain_battery()}
 

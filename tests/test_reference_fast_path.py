@@ -18,7 +18,8 @@ import pytest
 import torch
 
 import losslessness.reference.chain as chain
-from losslessness.checks import default_chain_battery, sample_chain
+from losslessness.engine.battery import default_chain_battery
+from losslessness.engine.draw import sample_chain
 from losslessness.protocol import InvalidInputError
 from losslessness.reference import (
     ChainUniforms,

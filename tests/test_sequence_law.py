@@ -9,17 +9,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from losslessness.checks import (
-    CheckContext,
-    Verdict,
-    check_drafts_accepted,
-    check_greedy_sequences,
-    check_sequence_law,
-    plan_sequence_law,
-)
+from losslessness.checks import check_drafts_accepted, check_greedy_sequences, check_sequence_law
+from losslessness.engine.end_to_end import plan_sequence_law
 from losslessness.reference.decoding import greedy_decode, sample_autoregressive
 from losslessness.reference.processing import SamplingParameters
 from losslessness.reference.toy import MarkovLM
+from losslessness.results import CheckContext, Verdict
 
 ALPHA = 1e-3
 """Significance level of every identity test here (one per test function)."""

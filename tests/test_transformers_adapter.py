@@ -12,8 +12,11 @@ import torch
 
 from losslessness.adapters import AdapterUnavailable, resolve_adapter
 from losslessness.adapters.transformers import SpeculativeSamplingVerifier
-from losslessness.audit import AuditConfig, TargetVerdict, run_audit
-from losslessness.checks import default_chain_battery, sample_chain
+from losslessness.design import AuditConfig
+from losslessness.engine import run_audit
+from losslessness.engine.battery import default_chain_battery
+from losslessness.engine.draw import sample_chain
+from losslessness.results import TargetVerdict
 
 utils = pytest.importorskip("transformers.generation.utils")
 real = utils._speculative_sampling

@@ -33,13 +33,14 @@ from losslessness.adapters.transformers_generate import (
     prompt_lookup_target,
     tiny_models,
 )
-from losslessness.audit import AuditConfig, AuditResult, TargetVerdict, run_audit
-from losslessness.checks.result import Verdict
+from losslessness.design import AuditConfig
+from losslessness.engine import run_audit
 from losslessness.protocol import (
     EndToEndGenerator,
     InvalidInputError,
     ReportsAcceptedLengths,
 )
+from losslessness.results import AuditResult, TargetVerdict, Verdict
 
 PASS_SEQUENCES = 600
 """Sequences per sampled target in the pass test: the false-alarm rate does not depend on n

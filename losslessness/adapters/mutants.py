@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from losslessness.adapters.base import Adapter, AdapterNotFound
-from losslessness.checks.cases import ChainCase, GreedyCase
+from losslessness.cases import ChainCase, GreedyCase
 from losslessness.protocol import (
     ChainVerifier,
     GreedyVerifier,

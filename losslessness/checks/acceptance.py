@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import time
 
-from losslessness.checks.planning import case_laws, exact_acceptance, is_reachable
-from losslessness.checks.result import CheckContext, CheckKind, CheckResult, Verdict
-from losslessness.checks.sampling import ChainSamples
+from losslessness.checks.assertions import case_laws, exact_acceptance, is_reachable
 from losslessness.checks.structure import emitted_counts
+from losslessness.results import CheckContext, CheckKind, CheckResult, Verdict
+from losslessness.samples import ChainSamples
 from losslessness.stats import (
     acceptance_rate_test,
     binomial_minimum_detectable_shift,

@@ -18,10 +18,16 @@ from typing import Any
 
 import numpy as np
 
-from losslessness.checks.planning import case_laws, is_reachable, law_is_statistical
-from losslessness.checks.result import CheckContext, CheckKind, CheckResult, Verdict
-from losslessness.checks.sampling import ChainSamples
+from losslessness.checks.assertions import (
+    case_laws,
+    emits_target_randomness,
+    is_reachable,
+    law_is_statistical,
+)
+from losslessness.checks.ids import LAW_CHECK_ID
 from losslessness.checks.structure import emitted_counts
+from losslessness.results import CheckContext, CheckKind, CheckResult, Verdict
+from losslessness.samples import ChainSamples
 from losslessness.stats import (
     exact_check_minimum_detectable_rate,
     identity_minimum_detectable_tv,
@@ -76,7 +82,7 @@ def check_conditional_laws(samples: ChainSamples, context: CheckContext) -> list
             tokens = samples.outputs[r, counts[r] > i, i]
             p = laws.emitted[i].numpy()
             statistical = law_is_statistical(laws, i)
-            check_id = "law" if statistical or "one-hot" not in case.tags else "edge.one-hot"
+            check_id = LAW_CHECK_ID if statistical or "one-hot" not in case.tags else "edge.one-hot"
             kind = CheckKind.STATISTICAL if statistical else CheckKind.EXACT
             common = {"position": i, "row": r, "n": int(tokens.size)}
             details = {"n_rows": case.n_rows, "reach_probability": float(laws.reach[i])}
@@ -127,9 +133,16 @@ def check_conditional_laws(samples: ChainSamples, context: CheckContext) -> list
                     f"{worst}: observed {observed[worst]:.4f} vs p {p[worst]:.4f}; empirical TV "
                     f"{0.5 * float(np.abs(observed - p).sum()):.4f}"
                 )
-            else:
+            elif statistical or emits_target_randomness(laws, i):
                 verdict = Verdict.PASS
                 message = f"emitted token at position {i} ~ p_{i}"
+            else:
+                verdict = Verdict.PASS
+                message = (
+                    f"no token with p = 0 emitted at position {i} (exact only: its draft is "
+                    "accepted with probability 1, so the token there is the run's own draft and "
+                    "no identity test is spent on it)"
+                )
             results.append(
                 context.result(
                     check_id,

@@ -45,28 +45,23 @@ import torch
 from scipy import stats
 
 from losslessness.adapters.base import AdapterUnavailable
-from losslessness.checks.battery import default_chain_battery
-from losslessness.checks.cases import ChainCase
+from losslessness.cases import ChainCase
+from losslessness.checks.assertions import case_laws, law_is_statistical
 from losslessness.checks.conditional_law import check_conditional_laws
-from losslessness.checks.planning import case_laws, law_is_statistical
 from losslessness.checks.precision import (
     cast_probabilities,
     check_precision,
     decision_tolerance,
     sample_tolerance,
 )
-from losslessness.checks.result import CheckContext, CheckKind, CheckResult, Verdict
-from losslessness.checks.sampling import (
-    ChainSamples,
-    ProtocolViolation,
-    coerce_output,
-    rows_per_call,
-    sample_chain,
-)
 from losslessness.checks.structure import emitted_counts
+from losslessness.engine.battery import default_chain_battery
+from losslessness.engine.draw import ProtocolViolation, coerce_output, rows_per_call, sample_chain
 from losslessness.protocol import PLACEHOLDER, ChainVerifier
 from losslessness.reference import ChainUniforms, residual_distribution, sample_inverse_cdf
 from losslessness.reference import verify as reference_verify
+from losslessness.results import CheckContext, CheckKind, CheckResult, Verdict
+from losslessness.samples import ChainSamples
 from losslessness.seeding import derive_seed
 from losslessness.stats import (
     EXPECTED_COUNT_FLOOR,

@@ -7,19 +7,17 @@ import time
 
 import numpy as np
 
-from losslessness.checks.cases import GreedyCase
-from losslessness.checks.result import CheckContext, CheckKind, CheckResult, Verdict
-from losslessness.checks.sampling import ProtocolViolation, coerce_output
-from losslessness.protocol import GreedyVerifier
+from losslessness.cases import GreedyCase
 from losslessness.reference.greedy import verify_greedy
+from losslessness.results import CheckContext, CheckKind, CheckResult, Verdict
 from losslessness.stats import exact_check_minimum_detectable_rate
 
 
-def check_greedy(verifier: GreedyVerifier, case: GreedyCase, context: CheckContext) -> CheckResult:
-    """Compare a greedy verifier with the reference on every row of ``case``.
+def check_greedy(got: np.ndarray, case: GreedyCase, context: CheckContext) -> CheckResult:
+    """Compare a greedy verifier's outputs with the reference's on every row of ``case``.
 
     Args:
-        verifier: the greedy verifier under audit.
+        got: ``[B, k+1]`` int64: what the verifier under audit returned for ``case``.
         case: logits ``[B, k+1, V]`` and drafts ``[B, k]``.
         context: the case's context.
 
@@ -27,27 +25,13 @@ def check_greedy(verifier: GreedyVerifier, case: GreedyCase, context: CheckConte
         One exact :class:`CheckResult`: LOSSY with the first differing row, else PASS.
 
     Raises:
-        Exception: whatever the verifier raised, unchanged.
+        ValueError: naming ``got``, when its shape is not ``[B, k+1]``.
     """
     began = time.perf_counter()
-    batch = case.draft_token_ids.shape[0]
+    batch = case.batch_size
+    if got.shape != (batch, case.k + 1):
+        raise ValueError(f"got: expected shape {(batch, case.k + 1)}, got {got.shape}")
     expected = verify_greedy(case.target_logits, case.draft_token_ids).numpy()
-    try:
-        got = coerce_output(
-            verifier(case.target_logits.clone(), case.draft_token_ids.clone()), batch, case.k
-        )
-    except ProtocolViolation as violation:
-        return context.result(
-            "greedy",
-            kind=CheckKind.EXACT,
-            n=batch,
-            verdict=Verdict.LOSSY,
-            statistic=None,
-            p_value=0.0,
-            min_detectable_tv=exact_check_minimum_detectable_rate(batch, context.power),
-            wall_time_s=time.perf_counter() - began,
-            message=f"malformed output: {violation}",
-        )
     differs = (got != expected).any(axis=1)
     n_bad = int(differs.sum())
     message = f"all {batch} rows equal greedy decoding"

@@ -17,9 +17,10 @@ import time
 import numpy as np
 from scipy import stats
 
-from losslessness.checks.planning import case_laws, independence_is_statistical
-from losslessness.checks.result import CheckContext, CheckKind, CheckResult, Verdict
-from losslessness.checks.sampling import ChainSamples
+from losslessness.checks.assertions import case_laws, independence_is_statistical
+from losslessness.checks.ids import INDEPENDENCE_CHECK_ID
+from losslessness.results import CheckContext, CheckKind, CheckResult, Verdict
+from losslessness.samples import ChainSamples
 from losslessness.stats import minimum_detectable_tv
 
 MIN_EXPECTED_PAIR_COUNT = 20.0
@@ -28,25 +29,20 @@ many pairs (n_pairs * p(t)^2), the same floor as the identity test's pooling; th
 
 
 def _pairs(samples: ChainSamples, row: int) -> tuple[np.ndarray, np.ndarray]:
-    n = samples.outputs.shape[1]
-    starts = np.arange(0, n - 1, 2)
-    same_call = starts // samples.steps_per_call == (starts + 1) // samples.steps_per_call
-    starts = starts[same_call]
     first = samples.outputs[row, :, 0]
-    return first[starts], first[starts + 1]
+    return first[samples.pairs[:, 0]], first[samples.pairs[:, 1]]
 
 
 def check_row_independence(samples: ChainSamples, context: CheckContext) -> list[CheckResult]:
     """Test that paired identical rows of one call emit independent first tokens.
 
     Args:
-        samples: outputs ``[R, n, k+1]`` with ``steps_per_call`` copies of each row type per
-            call.
+        samples: outputs ``[R, n, k+1]``; ``pairs`` the steps that were copies in one call.
         context: the case's context.
 
     Returns:
         One :class:`CheckResult` per row type that makes the assertion (see
-        :func:`losslessness.checks.planning.independence_is_statistical`): LOSSY when
+        :func:`losslessness.checks.assertions.independence_is_statistical`): LOSSY when
         independence is rejected at the per-assertion level, SKIPPED when too few pairs make
         two categories. The minimum detectable TV is between the pair's joint law and the
         product of its marginals, on the categories.
@@ -54,7 +50,7 @@ def check_row_independence(samples: ChainSamples, context: CheckContext) -> list
     case = samples.case
     results = []
     for row, laws in enumerate(case_laws(case)):
-        if not independence_is_statistical(case, row):
+        if not independence_is_statistical(laws, samples.steps_per_call):
             continue
         began = time.perf_counter()
         first, second = _pairs(samples, row)
@@ -70,7 +66,7 @@ def check_row_independence(samples: ChainSamples, context: CheckContext) -> list
         if n_categories < 2:
             results.append(
                 context.result(
-                    "independence",
+                    INDEPENDENCE_CHECK_ID,
                     kind=CheckKind.STATISTICAL,
                     verdict=Verdict.SKIPPED,
                     min_detectable_tv=float("inf"),
@@ -104,7 +100,7 @@ def check_row_independence(samples: ChainSamples, context: CheckContext) -> list
             )
         results.append(
             context.result(
-                "independence",
+                INDEPENDENCE_CHECK_ID,
                 kind=CheckKind.STATISTICAL,
                 verdict=verdict,
                 statistic=statistic,

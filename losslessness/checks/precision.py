@@ -26,9 +26,9 @@ from dataclasses import dataclass
 
 import torch
 
-from losslessness.checks.cases import ChainCase
-from losslessness.checks.result import CheckContext, CheckKind, CheckResult, Verdict
+from losslessness.cases import ChainCase
 from losslessness.reference.laws import chain_laws, total_variation
+from losslessness.results import CheckContext, CheckKind, CheckResult, Verdict
 
 PRECISION_DIAGNOSTIC = "precision"
 """``CheckResult.details["diagnostic"]`` of precision results: they describe, never decide."""

@@ -27,45 +27,31 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from losslessness.checks.result import CheckContext, CheckKind, CheckResult, Verdict
-from losslessness.protocol import EndToEndGenerator, ReportsAcceptedLengths
-from losslessness.reference.decoding import greedy_decode
-from losslessness.reference.sequences import SequenceLaw, exact_sequence_law
-from losslessness.stats import (
-    exact_check_minimum_detectable_rate,
-    identity_minimum_detectable_tv,
-    identity_test,
-    plan_identity_test,
+from losslessness.checks.ids import (
+    DRAFTS_ACCEPTED_CHECK_ID,
+    SEQUENCE_GREEDY_CHECK_ID,
+    SEQUENCE_LAW_CHECK_ID,
 )
+from losslessness.reference.sequences import SequenceLaw
+from losslessness.results import CheckContext, CheckKind, CheckResult, Verdict
+from losslessness.stats import exact_check_minimum_detectable_rate, identity_test
 
 __all__ = [
-    "DRAFTS_ACCEPTED_CHECK_ID",
     "GREEDY_SEQUENCE_RUNS",
     "MIN_ACCEPTING_SHARE",
-    "SEQUENCE_CHECK_IDS",
-    "SEQUENCE_GREEDY_CHECK_ID",
-    "SEQUENCE_LAW_CHECK_ID",
     "SequencePlan",
-    "accepted_length_snapshot",
     "check_drafts_accepted",
     "check_greedy_sequences",
     "check_sequence_law",
     "end_to_end_case_hash",
-    "plan_sequence_law",
     "sequence_seed",
 ]
-
-SEQUENCE_LAW_CHECK_ID = "sequence-law"
-SEQUENCE_GREEDY_CHECK_ID = "sequence-greedy"
-DRAFTS_ACCEPTED_CHECK_ID = "drafts-accepted"
-SEQUENCE_CHECK_IDS = (SEQUENCE_LAW_CHECK_ID, SEQUENCE_GREEDY_CHECK_ID, DRAFTS_ACCEPTED_CHECK_ID)
-"""Check ids an end-to-end target is audited with."""
 
 MIN_ACCEPTING_SHARE = 0.1
 """Below this share of verify steps accepting at least one draft, ``drafts-accepted`` warns
@@ -75,11 +61,6 @@ accepts in well over half of its steps, a broken or mismatched one in almost non
 
 GREEDY_SEQUENCE_RUNS = 32
 """Seeds a greedy engine is run with: greedy output must not depend on the seed at all."""
-
-ProgressCallback = Callable[[int], None]
-"""Called with the number of sequences generated since the last call."""
-
-_PROGRESS_EVERY = 64
 
 
 def sequence_seed(base_seed: int, index: int) -> int:
@@ -112,71 +93,6 @@ class SequencePlan:
     min_detectable_tv: float
 
 
-def plan_sequence_law(
-    generator: EndToEndGenerator,
-    prompt_ids: Sequence[int],
-    new_tokens: int,
-    tv: float,
-    alpha: float,
-    power: float,
-    max_sequences: int,
-    steps: int | None = None,
-) -> SequencePlan:
-    """Enumerate the exact law and size the identity test.
-
-    Args:
-        generator: the engine; only ``next_token_probs`` and ``vocab_size`` are used.
-        prompt_ids: the prompt.
-        new_tokens: L.
-        tv: design TV distance in (0, 1].
-        alpha: per-assertion significance level.
-        power: design power.
-        max_sequences: cap on ``n``.
-        steps: when set, ``n`` is exactly this (replays).
-
-    Returns:
-        :class:`SequencePlan`.
-
-    Raises:
-        ValueError: from :func:`losslessness.reference.sequences.exact_sequence_law` (too many
-            cells) or the planners.
-        InvalidInputError: ``next_token_probs`` returned a malformed row.
-        Exception: whatever ``next_token_probs`` raised.
-    """
-    law = exact_sequence_law(
-        generator.next_token_probs, prompt_ids, new_tokens, generator.vocab_size
-    )
-    design = plan_identity_test(law.probs, tv, alpha, power, max_n=max_sequences)
-    # When capped, report what the design would need, so the user sees what the cap cost.
-    needed = plan_identity_test(law.probs, tv, alpha, power).n if design.capped else design.n
-    n = steps if steps is not None else design.n
-    reached = identity_minimum_detectable_tv(law.probs, n, alpha, power).minimum_detectable_tv
-    return SequencePlan(law, n, needed, steps is None and design.capped, reached)
-
-
-def _generate_all(
-    generator: EndToEndGenerator,
-    prompt_ids: Sequence[int],
-    new_tokens: int,
-    n: int,
-    seed: int,
-    progress: ProgressCallback | None,
-) -> tuple[list[list[int]], float]:
-    sequences = []
-    inside = 0.0
-    for index in range(n):
-        began = time.perf_counter()
-        sequences.append(
-            generator.generate(list(prompt_ids), new_tokens, sequence_seed(seed, index))
-        )
-        inside += time.perf_counter() - began
-        if progress is not None and (index + 1) % _PROGRESS_EVERY == 0:
-            progress(_PROGRESS_EVERY)
-    if progress is not None and n % _PROGRESS_EVERY:
-        progress(n % _PROGRESS_EVERY)
-    return sequences, inside
-
-
 def _malformed(sequence: object, new_tokens: int, vocab_size: int) -> str | None:
     if not isinstance(sequence, list | tuple):
         return f"returned a {type(sequence).__name__}, not a list of token ids"
@@ -191,36 +107,30 @@ def _malformed(sequence: object, new_tokens: int, vocab_size: int) -> str | None
 
 
 def check_sequence_law(
-    generator: EndToEndGenerator,
-    prompt_ids: Sequence[int],
-    plan: SequencePlan,
-    context: CheckContext,
-    progress: ProgressCallback | None = None,
-) -> tuple[CheckResult, float]:
-    """Generate ``plan.n`` sequences and identity-test them against ``plan.law``.
+    sequences: Sequence[Any], plan: SequencePlan, context: CheckContext
+) -> CheckResult:
+    """Identity-test an engine's generated sequences against ``plan.law``.
 
     Args:
-        generator: the engine; sequence j uses seed ``sequence_seed(context.seed, j)``.
-        prompt_ids: the prompt ``plan.law`` was enumerated for.
-        plan: from :func:`plan_sequence_law`.
-        context: the case's context (its ``alpha`` is the per-assertion level).
-        progress: called with the number of sequences generated since the last call.
+        sequences: the ``plan.n`` values ``generate(prompt, L, sequence_seed(context.seed, j))``
+            returned (each should be a list of L token ids).
+        plan: the law and the test's size (from
+            :func:`losslessness.engine.end_to_end.plan_sequence_law`).
+        context: the case's context (its ``alpha`` is the per-assertion level; its
+            ``sampling_time_s`` the time the sequences took).
 
     Returns:
         The ``sequence-law`` :class:`CheckResult` (LOSSY on a malformed output, a sequence
         outside the law's support, or ``p_value <= alpha``; details: cells, pooled cells and
-        mass, the sequence whose count is furthest from its expectation) and the seconds spent
-        inside ``generate``.
+        mass, the sequence whose count is furthest from its expectation).
 
     Raises:
-        Exception: whatever ``generate`` raised, unchanged.
+        ValueError: naming ``sequences``, when there are not ``plan.n`` of them.
     """
     law = plan.law
+    if len(sequences) != plan.n:
+        raise ValueError(f"sequences: expected {plan.n}, got {len(sequences)}")
     began = time.perf_counter()
-    sequences, inside = _generate_all(
-        generator, prompt_ids, law.new_tokens, plan.n, context.seed, progress
-    )
-    sampling_time = time.perf_counter() - began
     details: dict[str, Any] = {
         "steps": plan.n,
         "cells": law.n_cells,
@@ -234,7 +144,6 @@ def check_sequence_law(
         "kind": CheckKind.STATISTICAL,
         "n": plan.n,
         "min_detectable_tv": plan.min_detectable_tv,
-        "wall_time_s": sampling_time,
         "details": details,
     }
     for index, sequence in enumerate(sequences):
@@ -246,8 +155,9 @@ def check_sequence_law(
                 verdict=Verdict.LOSSY,
                 p_value=0.0,
                 message=f"malformed output: generate(seed={seed}) {problem}",
+                wall_time_s=time.perf_counter() - began,
                 **common,
-            ), inside
+            )
     cells = law.index()
     outside = len(cells)
     observed = np.bincount(
@@ -289,33 +199,29 @@ def check_sequence_law(
         df=test.df,
         p_value=0.0 if test.zero_mass_count else test.pvalue,
         message=message,
+        wall_time_s=time.perf_counter() - began,
         **common,
-    ), inside
+    )
 
 
 def check_greedy_sequences(
-    generator: EndToEndGenerator,
-    prompt_ids: Sequence[int],
-    new_tokens: int,
-    context: CheckContext,
-    runs: int = GREEDY_SEQUENCE_RUNS,
-    progress: ProgressCallback | None = None,
-) -> tuple[CheckResult, float]:
-    """Greedy engines: ``generate(prompt, L, seed_j)`` for ``runs`` seeds must each equal
-    plain greedy decoding of ``next_token_probs`` (argmax, lowest index on ties).
+    sequences: Sequence[Any], expected: list[int], context: CheckContext
+) -> CheckResult:
+    """Greedy engines: the sequences ``generate(prompt, L, sequence_seed(context.seed, j))``
+    returned must each equal plain greedy decoding of ``next_token_probs``.
+
+    Args:
+        sequences: what the engine returned, one per seed.
+        expected: the L tokens of plain greedy decoding (argmax, lowest index on ties:
+            :func:`losslessness.reference.decoding.greedy_decode`).
+        context: the case's context.
 
     Returns:
         The exact ``sequence-greedy`` :class:`CheckResult` (LOSSY with the first differing
-        position) and the seconds spent inside ``generate``.
-
-    Raises:
-        Exception: whatever the generator raised, unchanged.
+        position).
     """
     began = time.perf_counter()
-    expected = greedy_decode(generator.next_token_probs, prompt_ids, new_tokens)
-    sequences, inside = _generate_all(
-        generator, prompt_ids, new_tokens, runs, context.seed, progress
-    )
+    runs, new_tokens = len(sequences), len(expected)
     wrong = [j for j, sequence in enumerate(sequences) if list(sequence) != expected]
     message = f"all {runs} runs equal plain greedy decoding ({new_tokens} tokens)"
     if wrong:
@@ -340,14 +246,7 @@ def check_greedy_sequences(
         wall_time_s=time.perf_counter() - began,
         message=message,
         details={"steps": runs, "new_tokens": new_tokens, "expected": expected},
-    ), inside
-
-
-def accepted_length_snapshot(generator: object) -> dict[int, int] | None:
-    """The generator's accepted-length counts now, or None if it does not report them."""
-    if not isinstance(generator, ReportsAcceptedLengths):
-        return None
-    return {int(length): int(count) for length, count in generator.accepted_length_counts().items()}
+    )
 
 
 def check_drafts_accepted(

@@ -1,8 +1,16 @@
 """Structure of chain-verifier outputs (exact, every sample; DESIGN.md section 4, item 1).
 
-Every row must: hold ids in [0, V) followed only by -1 placeholders; emit 1..k+1 tokens; and
+Every row must: hold ids in [0, V) followed only by -1 placeholders; emit 1..k+1 tokens;
 emit, before its last token, exactly the drafts at those positions (accepted drafts are kept
-as drafted). Zero-probability tokens are checked by the conditional-law check.
+as drafted); and, when it emits c <= k tokens, end on a token that differs from the draft at
+position c-1. That last rule holds for every verifier that decides draft by draft: the token
+emitted at the first rejection comes from the residual norm(max(0, p - q)), which has no mass
+on a rejected draft (a draft with p < q is the only kind ever rejected), and sample-and-match
+emits its sample only when it differs from the draft. A row of k tokens all equal to the drafts
+is therefore exact proof of a missing bonus token. Verifiers that decide on the whole block
+(block verification, Sun et al. 2024) may legitimately emit the draft as the correction token;
+for them the rule is off (``block_decisions``). Zero-probability tokens are checked by the
+conditional-law check.
 """
 
 from __future__ import annotations
@@ -11,9 +19,10 @@ import time
 
 import numpy as np
 
-from losslessness.checks.result import CheckContext, CheckKind, CheckResult, Verdict
-from losslessness.checks.sampling import ChainSamples
+from losslessness.checks.ids import STRUCTURE_CHECK_ID
 from losslessness.protocol import PLACEHOLDER
+from losslessness.results import CheckContext, CheckKind, CheckResult, Verdict
+from losslessness.samples import ChainSamples
 from losslessness.stats import exact_check_minimum_detectable_rate
 
 
@@ -30,12 +39,17 @@ def emitted_counts(outputs: np.ndarray) -> np.ndarray:
     return counts
 
 
-def check_structure(samples: ChainSamples, context: CheckContext) -> CheckResult:
+def check_structure(
+    samples: ChainSamples, context: CheckContext, block_decisions: bool = False
+) -> CheckResult:
     """Exact structural check of every output row of ``samples``.
 
     Args:
         samples: outputs ``[R, n, k+1]`` and drafts ``[R, n, k]``.
         context: the case's context.
+        block_decisions: the verifier decides the accepted prefix from the whole block (block
+            verification), so its correction token may equal the draft: the rule "a replacement
+            differs from the rejected draft" is not checked.
 
     Returns:
         One exact :class:`CheckResult`: LOSSY with the first offending row when any row
@@ -52,11 +66,21 @@ def check_structure(samples: ChainSamples, context: CheckContext) -> CheckResult
     bad_tail = ~emitted & (outputs != PLACEHOLDER)
     kept = positions[:k] < (counts[..., None] - 1)
     bad_draft = kept & (outputs[..., :k] != drafts)
+    last = np.clip(counts - 1, 0, k)[..., None]
+    ends_on_draft = (counts >= 1) & (counts <= k)
+    if k:
+        ends_on_draft &= (
+            np.take_along_axis(outputs, last, axis=-1)[..., 0]
+            == np.take_along_axis(drafts, np.minimum(last, k - 1), axis=-1)[..., 0]
+        )
+    ends_on_draft &= not block_decisions
     problems = {
         "token id outside [0, V)": bad_id.any(axis=-1),
         "token after a placeholder -1": bad_tail.any(axis=-1),
         "no token emitted": counts == 0,
         "accepted token differs from the draft": bad_draft.any(axis=-1),
+        "rejected draft emitted as its own replacement (all k drafts and no bonus token, when "
+        "the row has k tokens)": ends_on_draft,
     }
     violating = np.zeros(counts.shape, dtype=bool)
     for mask in problems.values():
@@ -74,7 +98,7 @@ def check_structure(samples: ChainSamples, context: CheckContext) -> CheckResult
             f"{step}, drafts {drafts[r, step].tolist()} -> output {outputs[r, step].tolist()}"
         )
     return context.result(
-        "structure",
+        STRUCTURE_CHECK_ID,
         kind=CheckKind.EXACT,
         n=n,
         statistic=float(n_bad),
@@ -87,13 +111,16 @@ def check_structure(samples: ChainSamples, context: CheckContext) -> CheckResult
     )
 
 
-def malformed_output_result(context: CheckContext, problem: object) -> CheckResult:
-    """The ``structure`` result of a case whose sampling stopped at a malformed output (a
-    :class:`~losslessness.checks.sampling.ProtocolViolation`: wrong shape, dtype or values).
+def malformed_output_result(
+    context: CheckContext, problem: object, check_id: str = STRUCTURE_CHECK_ID
+) -> CheckResult:
+    """The result of a case whose sampling stopped at a malformed output (a
+    :class:`~losslessness.engine.draw.ProtocolViolation`: wrong shape, dtype or values).
 
     Args:
         context: the case's context.
         problem: what was malformed (the violation, or its text).
+        check_id: the check the output was for (``structure`` for chain verifiers, ``greedy``).
 
     Returns:
         An exact LOSSY :class:`CheckResult` with p-value 0, ``n`` 0 (no complete sample was
@@ -101,7 +128,7 @@ def malformed_output_result(context: CheckContext, problem: object) -> CheckResu
         {problem}``.
     """
     return context.result(
-        "structure",
+        check_id,
         kind=CheckKind.EXACT,
         n=0,
         verdict=Verdict.LOSSY,

@@ -1,5 +1,6 @@
 """``losslessness nightly`` and ``losslessness merge``: the long battery, split into shards
-that merge exactly (:mod:`losslessness.nightly`).
+that merge exactly (the run engine, :mod:`losslessness.engine`, at a multiple of the CI
+budget, in chunks, with the device checks and the property suite).
 
 One machine::
 
@@ -23,32 +24,32 @@ import json
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 from rich.console import Console
 
-from losslessness.commands.progress import progress_bar
-from losslessness.nightly import (
-    DEVICE_DEFAULTS,
-    NightlyConfig,
-    NightlyResult,
+from losslessness.commands.audit import report_console
+from losslessness.commands.options import build_config, design_options
+from losslessness.design import DEVICE_DEFAULTS, DEVICES, SUITE_PROFILES, RunConfig
+from losslessness.engine import (
+    RunResult,
     ShardMergeError,
-    finish_night,
+    finish_run,
     load_shard,
     make_plan,
     parse_shard_spec,
     run_shard,
     save_shard,
 )
-from losslessness.nightly.plan import DEVICES
-from losslessness.stats import DEFAULT_FAMILY_WISE_ALPHA
+from reports.progress import progress_bar
 
 NIGHTLY_FILE = "nightly.json"
 """The night's own record next to the reports: plan, error budget, shards, suite runs."""
 
 
 def write_night(
-    result: NightlyResult, out_dir: Path, history: tuple[Path, ...] = ()
+    result: RunResult, out_dir: Path, history: tuple[Path, ...] = ()
 ) -> dict[str, Path]:
     """Write the reports (``reports.write_reports``), ``nightly.json`` and each suite run's
     junit XML into ``out_dir``.
@@ -74,10 +75,10 @@ def write_night(
     return paths
 
 
-def _finish(result: NightlyResult, out_dir: Path, history: tuple[Path, ...]) -> None:
+def _finish(result: RunResult, out_dir: Path, history: tuple[Path, ...]) -> None:
     from reports import print_audit
 
-    console = Console(width=None if sys.stdout.isatty() else 160)
+    console = report_console()
     print_audit(result.audit, console)
     try:
         paths = write_night(result, out_dir, history)
@@ -135,7 +136,6 @@ def _split(values: tuple[str, ...]) -> tuple[str, ...]:
     help="Run only shard i of N (zero-based) and write its sufficient statistics; "
     "'losslessness merge' joins the shards.",
 )
-@click.option("--seed", type=int, default=0, show_default=True, help="Run seed.")
 @click.option(
     "--targets",
     "targets",
@@ -144,26 +144,11 @@ def _split(values: tuple[str, ...]) -> tuple[str, ...]:
     help="Targets (registered adapters or pkg.module:callable); default every registered "
     "adapter that loads.",
 )
-@click.option(
-    "--case",
-    "cases",
-    multiple=True,
-    metavar="CASE",
-    help="Run only this battery case (repeatable); see 'losslessness list'.",
-)
-@click.option("--tv", type=float, default=0.05, show_default=True, help="Design TV of the CI plan.")
-@click.option(
-    "--alpha",
-    type=float,
-    default=DEFAULT_FAMILY_WISE_ALPHA,
-    show_default=True,
-    help="Family-wise false-alarm rate of the battery and device checks (split Bonferroni).",
-)
-@click.option("--power", type=float, default=0.9, show_default=True, help="Design power.")
+@design_options
 @click.option("--no-suite", is_flag=True, help="Skip the property suite.")
 @click.option(
     "--suite-profile",
-    type=click.Choice(["dev", "ci", "nightly"]),
+    type=click.Choice(SUITE_PROFILES),
     default=None,
     help="Hypothesis profile of the property suite (default nightly on cuda, ci on cpu).",
 )
@@ -182,18 +167,14 @@ def nightly_command(
     budget: float | None,
     out_dir: Path,
     shard_text: str | None,
-    seed: int,
     targets: tuple[str, ...],
-    cases: tuple[str, ...],
-    tv: float,
-    alpha: float,
-    power: float,
     no_suite: bool,
     suite_profile: str | None,
     suite_targets: tuple[str, ...],
     no_device_checks: bool,
     history: tuple[Path, ...],
     no_progress: bool,
+    **options: Any,
 ) -> None:
     """The nightly battery: the CI plan times --budget on every adapter that loads, the
     device checks, and the property suite; reports in --out DIR.
@@ -206,25 +187,23 @@ def nightly_command(
     except ValueError as error:
         raise click.BadParameter(str(error), param_hint="--shard") from error
     named_suite = _split(suite_targets)
+    defaults = RunConfig.nightly(device)
+    config = build_config(
+        options,
+        device=device,
+        budget=budget if budget is not None else defaults.budget,
+        chunk_steps=options["chunk_steps"] or defaults.chunk_steps,
+        targets=_split(targets),
+        device_checks=not no_device_checks,
+        suite=not no_suite,
+        suite_profile=suite_profile or defaults.suite_profile,
+        suite_targets=named_suite or defaults.suite_targets,
+    )
     try:
-        config = NightlyConfig.for_device(
-            device,
-            budget=budget,
-            seed=seed,
-            targets=_split(targets),
-            cases=cases,
-            tv=tv,
-            family_wise_alpha=alpha,
-            power=power,
-            suite=not no_suite,
-            suite_profile=suite_profile,
-            suite_targets=named_suite or None,
-            device_checks=not no_device_checks,
-        )
         plan = make_plan(config)
     except ValueError as error:
         raise click.UsageError(str(error)) from error
-    loaded = {adapter.name for adapter in plan.targets}
+    loaded = {adapter.name for adapter in plan.adapters}
     unknown = [name for name in named_suite if name not in loaded]
     if unknown:
         raise click.BadParameter(
@@ -236,7 +215,7 @@ def nightly_command(
         f"nightly plan {plan.fingerprint[:12]}: {len(plan.units)} units, budget "
         f"{config.budget:g}x CI, seed {config.seed}; running shard {spec}"
     )
-    with progress_bar("units", quiet=no_progress) as update:
+    with progress_bar("verify steps", quiet=no_progress) as update:
         shard = run_shard(plan, spec, out_dir, progress=update)
     if shard_text is not None:
         path = save_shard(shard, out_dir / spec.file_name)
@@ -246,7 +225,7 @@ def nightly_command(
         )
         return
     save_shard(shard, out_dir / spec.file_name)
-    _finish(finish_night([shard]), out_dir, history)
+    _finish(finish_run([shard]), out_dir, history)
 
 
 @click.command(name="merge")
@@ -263,7 +242,7 @@ def merge_command(shard_files: tuple[Path, ...], out_dir: Path, history: tuple[P
     unit exactly once), run the checks on the merged statistics and write the reports."""
     try:
         shards = [load_shard(path) for path in shard_files]
-        result = finish_night(shards)
+        result = finish_run(shards)
     except (ShardMergeError, ValueError) as error:
         raise click.UsageError(str(error)) from error
     _finish(result, out_dir, history)

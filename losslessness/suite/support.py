@@ -14,14 +14,10 @@ from hypothesis import strategies as st
 
 import strategies as project_strategies
 from losslessness.adapters import Adapter
-from losslessness.checks import (
-    ChainCase,
-    CheckContext,
-    CheckResult,
-    Verdict,
-    run_chain_checks,
-    sample_chain,
-)
+from losslessness.cases import ChainCase
+from losslessness.checks import run_chain_checks
+from losslessness.engine.draw import sample_chain
+from losslessness.results import CheckContext, CheckResult, Verdict
 from losslessness.seeding import derive_seed
 
 SUITE_FAMILY_WISE_ALPHA = 1e-3

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from hypothesis import HealthCheck, given, settings
 
-from losslessness.checks import ChainCase
+from losslessness.cases import ChainCase
 from losslessness.pytest_plugin import SuiteTarget
 from losslessness.suite.support import run_chain_example, suite_chain_cases
 

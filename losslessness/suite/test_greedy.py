@@ -6,8 +6,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 
-from losslessness.checks import ProtocolViolation
-from losslessness.checks.sampling import coerce_output
+from losslessness.engine.draw import ProtocolViolation, coerce_output
 from losslessness.pytest_plugin import SuiteTarget
 from losslessness.reference import verify_greedy
 from losslessness.suite.support import greedy_failure

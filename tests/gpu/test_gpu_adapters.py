@@ -16,14 +16,15 @@ import pytest
 import torch
 
 from losslessness.adapters import AdapterUnavailable
-from losslessness.checks import Verdict, default_chain_battery
 from losslessness.checks.coupling import (
     accepts_uniforms,
     check_coupling,
     couples_final_token,
     deterministic_draft_case,
 )
+from losslessness.engine.battery import default_chain_battery
 from losslessness.reference import verify
+from losslessness.results import Verdict
 
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="CUDA is not available")

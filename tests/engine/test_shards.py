@@ -1,6 +1,6 @@
-"""The nightly run's shards merge exactly: N shards merged equal one run of the same grid, count
-for count and verdict for verdict; shards of different plans, duplicate or missing units are
-refused with an error naming the problem; ``losslessness nightly`` writes the four reports."""
+"""A run's shards merge exactly: N shards merged equal one run of the same grid, count for count
+and verdict for verdict; shards of different plans, duplicate or missing units are refused with
+an error naming the problem; ``losslessness nightly`` writes the four reports."""
 
 from __future__ import annotations
 
@@ -12,24 +12,23 @@ import pytest
 from click.testing import CliRunner
 
 from losslessness.adapters import Adapter, resolve_adapter
-from losslessness.audit import TargetVerdict
-from losslessness.checks import CheckResult, Verdict
 from losslessness.cli import main
-from losslessness.nightly import (
-    NightlyConfig,
-    NightlyPlan,
-    NightlyResult,
+from losslessness.design import RunConfig
+from losslessness.engine import (
+    RunPlan,
     ShardMergeError,
     ShardSpec,
-    finish_night,
+    finish_run,
     load_shard,
     parse_shard_spec,
-    plan_night,
+    plan_run,
     run_shard,
     save_shard,
 )
-from losslessness.nightly.shards import count_records, expand_table, merge_tables, pair_records
-from losslessness.nightly.suite import parse_junit
+from losslessness.engine.run import RunResult
+from losslessness.engine.suite import parse_junit
+from losslessness.engine.tables import count_records, merge_tables
+from losslessness.results import CheckResult, TargetVerdict, Verdict
 from tests import wrong_verifiers
 
 # Small budget, a few cases (V = 2 and 8, a batch of three row types, disjoint supports, two
@@ -47,13 +46,13 @@ CASES = (
 )
 
 
-def _plan(budget: float = BUDGET) -> NightlyPlan:
-    config = NightlyConfig(
+def _plan(budget: float = BUDGET) -> RunPlan:
+    config = RunConfig(
         budget=budget,
         cases=CASES,
         suite=False,
         device_checks=False,
-        max_chunk_steps=CHUNK,
+        chunk_steps=CHUNK,
         seed=7,
     )
     lossy = Adapter(
@@ -61,17 +60,17 @@ def _plan(budget: float = BUDGET) -> NightlyPlan:
         "wrong verifier: residual distribution is p instead of norm(max(0, p - q))",
         chain=wrong_verifiers.residual_is_target,
     )
-    return plan_night(config, [resolve_adapter("reference"), lossy])
+    return plan_run(config, [resolve_adapter("reference"), lossy])
 
 
 @pytest.fixture(scope="module")
-def plan() -> NightlyPlan:
+def plan() -> RunPlan:
     return _plan()
 
 
 @pytest.fixture(scope="module")
-def one_run(plan: NightlyPlan, tmp_path_factory: pytest.TempPathFactory) -> NightlyResult:
-    return finish_night([run_shard(plan, ShardSpec(0, 1), tmp_path_factory.mktemp("one"))])
+def one_run(plan: RunPlan, tmp_path_factory: pytest.TempPathFactory) -> RunResult:
+    return finish_run([run_shard(plan, ShardSpec(0, 1), tmp_path_factory.mktemp("one"))])
 
 
 def _outcome(check: CheckResult) -> tuple[object, ...]:
@@ -106,7 +105,7 @@ def test_shard_spec_parses_i_of_n_and_names_the_option_on_bad_specs() -> None:
         assert problem in str(raised.value)
 
 
-def test_shards_partition_the_unit_grid(plan: NightlyPlan) -> None:
+def test_shards_partition_the_unit_grid(plan: RunPlan) -> None:
     """For every N, the N shards together run every unit of the grid exactly once."""
     for count in (1, 2, 3, 7):
         taken = sorted(
@@ -118,20 +117,6 @@ def test_shards_partition_the_unit_grid(plan: NightlyPlan) -> None:
         assert taken == list(range(len(plan.units)))
 
 
-def test_pair_records_expand_back_to_the_same_steps_with_pairs_adjacent() -> None:
-    """Counting step-pair records and expanding the table gives back the multiset of pairs:
-    the two steps of each pair stay adjacent (the independence check reads them)."""
-    rng = np.random.default_rng(0)
-    rows, n, k = 2, 40, 2
-    outputs = rng.integers(-1, 3, size=(rows, n, k + 1))
-    drafts = rng.integers(0, 3, size=(rows, n, k))
-    records = pair_records(outputs, drafts)
-    back_outputs, back_drafts = expand_table(count_records(records), rows, k)
-    assert back_outputs.shape == outputs.shape and back_drafts.shape == drafts.shape
-    original = sorted(map(tuple, records.tolist()))
-    assert sorted(map(tuple, pair_records(back_outputs, back_drafts).tolist())) == original
-
-
 def test_count_table_merge_does_not_depend_on_grouping_or_order() -> None:
     """Summing tables of parts equals the table of the whole, whatever the split and order."""
     rng = np.random.default_rng(1)
@@ -141,12 +126,12 @@ def test_count_table_merge_does_not_depend_on_grouping_or_order() -> None:
     assert merge_tables(parts) == whole
     assert merge_tables(parts[::-1]) == whole
     assert merge_tables([merge_tables(parts[:2]), merge_tables(parts[2:])]) == whole
-    assert whole.n_pairs == 500
+    assert whole.n_records == 500
 
 
 @pytest.mark.parametrize("count", [1, 2, 3])
 def test_n_shards_merged_equal_one_run_count_for_count_and_verdict_for_verdict(
-    count: int, plan: NightlyPlan, one_run: NightlyResult, tmp_path: Path
+    count: int, plan: RunPlan, one_run: RunResult, tmp_path: Path
 ) -> None:
     """N shards, saved to files and merged in reverse order, give the one run's count tables
     exactly and the same statistics, p-values and verdicts for every check; the wrong
@@ -156,7 +141,7 @@ def test_n_shards_merged_equal_one_run_count_for_count_and_verdict_for_verdict(
         save_shard(run_shard(plan, ShardSpec(i, count), tmp_path), tmp_path / f"s{i}.npz")
         for i in range(count)
     ]
-    merged = finish_night([load_shard(path) for path in reversed(files)])
+    merged = finish_run([load_shard(path) for path in reversed(files)])
     assert merged.tables.keys() == one_run.tables.keys()
     for key, table in one_run.tables.items():
         assert merged.tables[key] == table, key
@@ -171,11 +156,12 @@ def test_n_shards_merged_equal_one_run_count_for_count_and_verdict_for_verdict(
     assert merged.exit_code == one_run.exit_code == 1
 
 
-def test_merged_steps_are_the_planned_steps(plan: NightlyPlan, one_run: NightlyResult) -> None:
-    """Every chain case's merged table holds exactly the planned steps (pairs x 2) per target,
-    and the structure check saw all of them."""
+def test_merged_steps_are_the_planned_steps(plan: RunPlan, one_run: RunResult) -> None:
+    """Every chain case's merged table holds exactly the planned steps per target (two per
+    pair record, one per single-step record), and the structure check saw all of them."""
     for (target, case_id), table in one_run.tables.items():
-        assert 2 * table.n_pairs == plan.case_plans[case_id].n_steps, (target, case_id)
+        steps = int((table.counts * np.where(table.records[:, 0] == 2, 1, 2)).sum())
+        assert steps == plan.record.chain_cases[case_id].n_steps, (target, case_id)
     structure = [
         check
         for target in one_run.audit.targets
@@ -184,32 +170,30 @@ def test_merged_steps_are_the_planned_steps(plan: NightlyPlan, one_run: NightlyR
     ]
     case_rows = {case.case_id: case.n_rows for case in plan.chain_cases}
     for check in structure:
-        assert check.n == plan.case_plans[check.case_id].n_steps * case_rows[check.case_id]
+        assert check.n == plan.record.chain_cases[check.case_id].n_steps * case_rows[check.case_id]
 
 
 def test_merge_refuses_shards_of_different_plans_naming_the_difference(
-    plan: NightlyPlan, tmp_path: Path
+    plan: RunPlan, tmp_path: Path
 ) -> None:
     """Shards planned with different budgets do not merge; the error names ``config.budget``
     and both shards."""
     other = _plan(budget=2 * BUDGET)
     first = run_shard(plan, ShardSpec(0, 2), tmp_path)
-    second = dataclasses.replace(
-        first, plan=other.describe(), fingerprint=other.fingerprint, source="other.npz"
-    )
+    second = dataclasses.replace(first, plan=other.record, source="other.npz")
     with pytest.raises(ShardMergeError, match=r"different plans: .*config\.budget") as raised:
-        finish_night([first, second])
+        finish_run([first, second])
     assert "other.npz" in str(raised.value)
 
 
-def test_merge_refuses_duplicate_and_missing_units(plan: NightlyPlan, tmp_path: Path) -> None:
+def test_merge_refuses_duplicate_and_missing_units(plan: RunPlan, tmp_path: Path) -> None:
     """The same shard twice is a duplicate (named with its unit); one shard of two leaves
     units missing (counted)."""
     shard = run_shard(plan, ShardSpec(1, 2), tmp_path)
     with pytest.raises(ShardMergeError, match="appears in both"):
-        finish_night([shard, dataclasses.replace(shard, source="copy.npz")])
+        finish_run([shard, dataclasses.replace(shard, source="copy.npz")])
     with pytest.raises(ShardMergeError, match=r"units were run by no shard given"):
-        finish_night([shard])
+        finish_run([shard])
 
 
 def test_suite_junit_maps_failures_to_lossy_and_errors_to_error() -> None:

@@ -1,17 +1,24 @@
-"""Drawing samples from a chain verifier: the audit draws d ~ q, the target verifies."""
+"""Drawing samples from targets: the run draws the drafts d ~ q, the target verifies; every call
+of a target goes through :func:`call_target`, which bounds its time.
+
+This is the only place of the engine that calls a target's verifier or generator (the device
+checks' candidates excepted, :mod:`losslessness.engine.device`).
+"""
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
 
-from losslessness.checks.cases import ChainCase
-from losslessness.protocol import ChainVerifier
+from losslessness.cases import ChainCase, GreedyCase
+from losslessness.protocol import ChainVerifier, EndToEndGenerator, GreedyVerifier
 from losslessness.reference.sampling import sample_inverse_cdf
+from losslessness.samples import ChainSamples
 from losslessness.seeding import derive_seed
 
 BATCH_ELEMENT_BUDGET = 1 << 22
@@ -19,34 +26,58 @@ BATCH_ELEMENT_BUDGET = 1 << 22
 call's inputs stay small whatever V is, while small-V cases still get batches of thousands."""
 
 
+_T = TypeVar("_T")
+
+
 class ProtocolViolation(Exception):
     """The verifier returned something that is not a ``[B, k+1]`` integer array."""
 
 
-@dataclass
-class ChainSamples:
-    """Outputs of ``n_steps`` verification steps for every row type of a case.
+class TargetTimeout(TimeoutError):
+    """A call of the target took longer than the run's per-call timeout (``--timeout``)."""
 
-    Attributes:
-        case: the case that was sampled.
-        outputs: ``[R, n_steps, k+1]`` int64, as returned by the verifier.
-        drafts: ``[R, n_steps, k]`` int64, the drafts the audit drew (d_i ~ q_i).
-        seed: the seed that reproduces drafts and verifier randomness.
-        wall_time_s: seconds spent, verifier calls included.
-        verifier_time_s: seconds spent inside the verifier.
-        calls: number of verifier calls.
-        steps_per_call: copies of each row type per call (steps ``j`` and ``j'`` shared a call
-            iff ``j // steps_per_call == j' // steps_per_call``).
+
+def call_target(function: Callable[..., _T], *args: Any, timeout_s: float | None) -> _T:
+    """``function(*args)``, given at most ``timeout_s`` seconds.
+
+    The call runs in a daemon thread: a target that hangs cannot be stopped from Python, but
+    the run stops waiting for it, and the process can still exit.
+
+    Args:
+        function: a target's verifier or generator method.
+        args: its arguments.
+        timeout_s: seconds to wait; None waits for ever (and calls in this thread).
+
+    Returns:
+        What ``function`` returned.
+
+    Raises:
+        TargetTimeout: the call did not return within ``timeout_s``.
+        Exception: whatever ``function`` raised, unchanged.
     """
+    if timeout_s is None:
+        return function(*args)
+    outcome: dict[str, Any] = {}
 
-    case: ChainCase
-    outputs: np.ndarray
-    drafts: np.ndarray
-    seed: int
-    wall_time_s: float
-    verifier_time_s: float
-    calls: int
-    steps_per_call: int
+    def run() -> None:
+        try:
+            outcome["value"] = function(*args)
+        except BaseException as error:
+            outcome["error"] = error
+
+    worker = threading.Thread(target=run, name="losslessness-target-call", daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    if worker.is_alive():
+        name = getattr(function, "__qualname__", type(function).__name__)
+        raise TargetTimeout(
+            f"the call of {name} did not return within {timeout_s:g} s (--timeout); the target "
+            "is taken as hung"
+        )
+    if "error" in outcome:
+        raise outcome["error"]
+    value: _T = outcome["value"]
+    return value
 
 
 def rows_per_call(case: ChainCase) -> int:
@@ -102,6 +133,7 @@ def sample_chain(
     n_steps: int,
     seed: int,
     progress: Callable[[int], None] | None = None,
+    timeout_s: float | None = None,
 ) -> ChainSamples:
     """Run ``n_steps`` verification steps per row type of ``case``.
 
@@ -120,21 +152,24 @@ def sample_chain(
         n_steps: verification steps per row type (>= 1).
         seed: replays the drafts and the verifier's randomness exactly.
         progress: called with the number of steps done after each call.
+        timeout_s: seconds each call may take (None: no limit).
 
     Returns:
-        :class:`ChainSamples`.
+        :class:`ChainSamples`; its ``pairs`` are the steps ``(2m, 2m+1)`` that one call
+        carried together.
 
     Raises:
         ValueError: ``n_steps`` < 1.
         ProtocolViolation: the verifier returned a malformed output.
+        TargetTimeout: a call took longer than ``timeout_s``.
         Exception: whatever the verifier raised, unchanged.
     """
     if n_steps < 1:
         raise ValueError(f"n_steps: must be >= 1, got {n_steps}")
-    samples = _sample(verifier, case, n_steps, seed, progress, fresh_inputs=False)
+    samples = _sample(verifier, case, n_steps, seed, progress, timeout_s, fresh_inputs=False)
     if samples is None:
         # The progress callback has already been told every step once.
-        samples = _sample(verifier, case, n_steps, seed, None, fresh_inputs=True)
+        samples = _sample(verifier, case, n_steps, seed, None, timeout_s, fresh_inputs=True)
         assert samples is not None
     return samples
 
@@ -145,6 +180,7 @@ def _sample(
     n_steps: int,
     seed: int,
     progress: Callable[[int], None] | None,
+    timeout_s: float | None,
     fresh_inputs: bool,
 ) -> ChainSamples | None:
     """:func:`sample_chain`'s loop; None when reused inputs were found altered afterwards."""
@@ -169,7 +205,9 @@ def _sample(
         else:
             target, draft = target_buffer[:batch], draft_buffer[:batch]
         began = time.perf_counter()
-        result = verifier(target, draft, draft_ids, verifier_generator)
+        result = call_target(
+            verifier, target, draft, draft_ids, verifier_generator, timeout_s=timeout_s
+        )
         verifier_time += time.perf_counter() - began
         calls += 1
         array = coerce_output(result, batch, k).reshape(m, rows, k + 1)
@@ -180,6 +218,84 @@ def _sample(
             progress(m)
     if not fresh_inputs and not _inputs_intact(case, target_buffer, draft_buffer):
         return None
+    starts = np.arange(0, n_steps - 1, 2)
+    starts = starts[starts // chunk == (starts + 1) // chunk]
     return ChainSamples(
-        case, outputs, drafts, seed, time.perf_counter() - start, verifier_time, calls, chunk
+        case=case,
+        outputs=outputs,
+        drafts=drafts,
+        pairs=np.stack([starts, starts + 1], axis=1),
+        seed=seed,
+        wall_time_s=time.perf_counter() - start,
+        verifier_time_s=verifier_time,
+        calls=calls,
+        steps_per_call=chunk,
     )
+
+
+def sample_greedy(
+    verifier: GreedyVerifier, case: GreedyCase, timeout_s: float | None = None
+) -> np.ndarray:
+    """One call of a greedy verifier on every row of ``case`` (on copies of its tensors).
+
+    Returns:
+        ``[B, k+1]`` int64 outputs.
+
+    Raises:
+        ProtocolViolation: a malformed output.
+        TargetTimeout: the call took longer than ``timeout_s``.
+        Exception: whatever the verifier raised, unchanged.
+    """
+    result = call_target(
+        verifier, case.target_logits.clone(), case.draft_token_ids.clone(), timeout_s=timeout_s
+    )
+    return coerce_output(result, case.batch_size, case.k)
+
+
+SEQUENCE_PROGRESS_EVERY = 64
+"""Sequences generated between two progress reports of :func:`generate_sequences`."""
+
+
+def sequence_seed(base_seed: int, index: int) -> int:
+    """Seed of the ``index``-th generated sequence of a check whose seed is ``base_seed``."""
+    return (base_seed + index) % 2**63
+
+
+def generate_sequences(
+    generator: EndToEndGenerator,
+    prompt_ids: Sequence[int],
+    new_tokens: int,
+    n: int,
+    seed: int,
+    progress: Callable[[int], None] | None = None,
+    timeout_s: float | None = None,
+) -> tuple[list[object], float]:
+    """``generate(prompt, L, sequence_seed(seed, j))`` for ``j < n``: an end-to-end engine's
+    sequences (DESIGN.md section 3, end-to-end generators).
+
+    Returns:
+        (the ``n`` returned values, unchecked; seconds spent inside ``generate``).
+
+    Raises:
+        TargetTimeout: one call took longer than ``timeout_s``.
+        Exception: whatever the generator raised, unchanged.
+    """
+    sequences: list[object] = []
+    inside = 0.0
+    for index in range(n):
+        began = time.perf_counter()
+        sequences.append(
+            call_target(
+                generator.generate,
+                list(prompt_ids),
+                new_tokens,
+                sequence_seed(seed, index),
+                timeout_s=timeout_s,
+            )
+        )
+        inside += time.perf_counter() - began
+        if progress is not None and (index + 1) % SEQUENCE_PROGRESS_EVERY == 0:
+            progress(SEQUENCE_PROGRESS_EVERY)
+    if progress is not None and n % SEQUENCE_PROGRESS_EVERY:
+        progress(n % SEQUENCE_PROGRESS_EVERY)
+    return sequences, inside

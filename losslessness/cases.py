@@ -1,4 +1,10 @@
-"""Cases the checks run on: fixed target/draft distributions (chain) or logits (greedy)."""
+"""Domain case types: what one verification step is asked to verify.
+
+One chain case (target/draft distributions of R row types), one greedy case (logits and
+drafts). The engine's battery, the Hypothesis strategies, the mutant zoo and the property suite
+all produce these types; the checks and the engine consume them. Shapes follow the protocols of
+:mod:`losslessness.protocol`.
+"""
 
 from __future__ import annotations
 
@@ -19,8 +25,34 @@ def _tensor_hash(case_id: str, *tensors: torch.Tensor) -> str:
     return digest.hexdigest()[:12]
 
 
+class CaseShape:
+    """``k``, ``vocab_size`` and ``batch_size`` of a case, read from its tensors: a chain case's
+    ``draft_probs [B, k, V]`` and ``target_probs [B, k+1, V]``, a greedy case's
+    ``draft_token_ids [B, k]`` and ``target_logits [B, k+1, V]``."""
+
+    @property
+    def target_shape(self) -> tuple[int, int, int]:
+        """``(B, k+1, V)``: the shape of the case's target tensor."""
+        raise NotImplementedError
+
+    @property
+    def batch_size(self) -> int:
+        """``B``: rows (row types) of the case."""
+        return self.target_shape[0]
+
+    @property
+    def k(self) -> int:
+        """Draft length ``k``."""
+        return self.target_shape[1] - 1
+
+    @property
+    def vocab_size(self) -> int:
+        """Vocabulary size ``V``."""
+        return self.target_shape[2]
+
+
 @dataclass(frozen=True, eq=False)
-class ChainCase:
+class ChainCase(CaseShape):
     """A chain-verifier case: R row types, each with its own p_0..p_k and q_0..q_{k-1}.
 
     The audit draws d_i ~ q_i itself and calls the verifier on batches holding every row type,
@@ -51,19 +83,15 @@ class ChainCase:
         validate_chain_inputs(self.target_probs, self.draft_probs, ids)
 
     @property
+    def target_shape(self) -> tuple[int, int, int]:
+        """``(R, k+1, V)`` of :attr:`target_probs`."""
+        batch, width, vocab = self.target_probs.shape
+        return int(batch), int(width), int(vocab)
+
+    @property
     def n_rows(self) -> int:
-        """Number of distinct row types R."""
-        return int(self.target_probs.shape[0])
-
-    @property
-    def k(self) -> int:
-        """Draft length."""
-        return int(self.draft_probs.shape[1])
-
-    @property
-    def vocab_size(self) -> int:
-        """Vocabulary size V."""
-        return int(self.target_probs.shape[2])
+        """Number of distinct row types R (the case's :attr:`batch_size`)."""
+        return self.batch_size
 
     @cached_property
     def case_hash(self) -> str:
@@ -72,7 +100,7 @@ class ChainCase:
 
 
 @dataclass(frozen=True, eq=False)
-class GreedyCase:
+class GreedyCase(CaseShape):
     """A greedy-verifier case: a batch of target logits and drafts.
 
     Attributes:
@@ -96,14 +124,10 @@ class GreedyCase:
         validate_greedy_inputs(self.target_logits, self.draft_token_ids)
 
     @property
-    def k(self) -> int:
-        """Draft length."""
-        return int(self.draft_token_ids.shape[1])
-
-    @property
-    def vocab_size(self) -> int:
-        """Vocabulary size V."""
-        return int(self.target_logits.shape[2])
+    def target_shape(self) -> tuple[int, int, int]:
+        """``(B, k+1, V)`` of :attr:`target_logits`."""
+        batch, width, vocab = self.target_logits.shape
+        return int(batch), int(width), int(vocab)
 
     @cached_property
     def case_hash(self) -> str:

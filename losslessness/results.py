@@ -1,15 +1,33 @@
-"""Results of checks: one :class:`CheckResult` per assertion, and the verdict vocabulary."""
+"""Results: one :class:`CheckResult` per assertion, one :class:`TargetResult` per target, one
+:class:`AuditResult` per run, and the verdict vocabulary (DESIGN.md section 4).
+
+The domain decides here, once, what the reports only render: a target's verdict from its
+checks, the run's overall verdict and exit code, and the command that replays an assertion.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import enum
 import math
+import platform
+import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+import scipy
+import torch
+
+import losslessness
+from losslessness.design import RunConfig
+
 if TYPE_CHECKING:
-    from losslessness.checks.cases import ChainCase, GreedyCase
+    from losslessness.cases import ChainCase, GreedyCase
+
+SCHEMA_VERSION = "2"
+"""Version of the :class:`AuditResult` JSON layout (docs/report-schema.md)."""
 
 
 class Verdict(str, enum.Enum):
@@ -64,6 +82,8 @@ class CheckResult:
             shared by a case's assertions and reported on each).
         message: human-readable detail (what failed, where, with an example).
         details: extra JSON-able numbers (expected rate, pooled mass, counts, ...).
+        replay: the command that redraws exactly this assertion's samples and recomputes its
+            test, or None where no command can (device comparisons).
     """
 
     check_id: str
@@ -86,6 +106,7 @@ class CheckResult:
     wall_time_s: float
     message: str = ""
     details: dict[str, Any] = field(default_factory=dict)
+    replay: str | None = None
 
     @property
     def where(self) -> str:
@@ -224,3 +245,118 @@ def check_from_dict(data: dict[str, Any]) -> CheckResult:
     if values["min_detectable_tv"] is None:
         values["min_detectable_tv"] = math.inf
     return CheckResult(**values)
+
+
+class TargetVerdict(str, enum.Enum):
+    """Verdict on one target: LOSSLESS, LOSSY (any check LOSSY), SUBOPTIMAL (lossless but
+    accepts fewer drafts than sum min(p, q)), ERROR (crashed, or a target the user named could
+    not load; nothing LOSSY), UNAVAILABLE (a registered adapter or an optional unit whose
+    package or device is missing here: nothing was tested, and the run's outcome ignores it)."""
+
+    LOSSLESS = "LOSSLESS"
+    LOSSY = "LOSSY"
+    SUBOPTIMAL = "SUBOPTIMAL"
+    ERROR = "ERROR"
+    UNAVAILABLE = "UNAVAILABLE"
+
+
+def target_verdict(checks: Sequence[CheckResult]) -> TargetVerdict:
+    """A target's verdict from its checks: LOSSY if any check is LOSSY, else ERROR if any is
+    ERROR, else SUBOPTIMAL if any is SUBOPTIMAL, else LOSSLESS (also for no checks)."""
+    verdicts = {check.verdict for check in checks}
+    if Verdict.LOSSY in verdicts:
+        return TargetVerdict.LOSSY
+    if Verdict.ERROR in verdicts:
+        return TargetVerdict.ERROR
+    if Verdict.SUBOPTIMAL in verdicts:
+        return TargetVerdict.SUBOPTIMAL
+    return TargetVerdict.LOSSLESS
+
+
+@dataclass
+class TargetResult:
+    """Everything a run found about one target.
+
+    Attributes:
+        name, description: the adapter's.
+        verdict: see :class:`TargetVerdict`.
+        checks: one record per assertion.
+        wall_time_s: seconds spent on this target.
+        verify_steps: verification steps (batch rows) the target ran.
+        verifier_calls: calls made to the target.
+        verifier_time_s: seconds spent inside the target.
+        error: why the target could not be audited at all, if so (with the command that
+            installs what is missing, for UNAVAILABLE).
+    """
+
+    name: str
+    description: str
+    verdict: TargetVerdict
+    checks: list[CheckResult] = field(default_factory=list)
+    wall_time_s: float = 0.0
+    verify_steps: int = 0
+    verifier_calls: int = 0
+    verifier_time_s: float = 0.0
+    error: str | None = None
+
+
+@dataclass
+class AuditResult:
+    """One run (plain dataclasses; :mod:`reports.jsonio` reads and writes it).
+
+    Attributes:
+        schema_version: :data:`SCHEMA_VERSION`.
+        config: the design.
+        n_assertions: statistical assertions the run's budget was split over.
+        per_assertion_alpha: the battery's family-wise rate over ``n_assertions`` (Bonferroni).
+        targets: one result per target, in the order requested.
+        wall_time_s: seconds for the whole run.
+        started_at: ISO 8601 UTC time the run started.
+        environment: versions (python, torch, numpy, scipy, losslessness, platform, engines).
+    """
+
+    schema_version: str
+    config: RunConfig
+    n_assertions: int
+    per_assertion_alpha: float
+    targets: list[TargetResult]
+    wall_time_s: float
+    started_at: str
+    environment: dict[str, str]
+
+    @property
+    def verdict(self) -> TargetVerdict:
+        """The run's overall verdict: LOSSY, else ERROR, else SUBOPTIMAL, else LOSSLESS over
+        the targets that ran; UNAVAILABLE only when every target was unavailable (LOSSLESS for
+        a run without targets)."""
+        verdicts = {target.verdict for target in self.targets}
+        for verdict in (TargetVerdict.LOSSY, TargetVerdict.ERROR, TargetVerdict.SUBOPTIMAL):
+            if verdict in verdicts:
+                return verdict
+        if verdicts == {TargetVerdict.UNAVAILABLE}:
+            return TargetVerdict.UNAVAILABLE
+        return TargetVerdict.LOSSLESS
+
+    @property
+    def exit_code(self) -> int:
+        """0 lossless (SUBOPTIMAL included), 1 any target LOSSY, 3 any target crashed or a named
+        target could not load."""
+        return {TargetVerdict.LOSSY: 1, TargetVerdict.ERROR: 3}.get(self.verdict, 0)
+
+
+def run_environment() -> dict[str, str]:
+    """Versions of what a run's numbers depend on: losslessness, Python, torch, numpy, scipy,
+    the platform string, and every audited engine that is imported (transformers, vllm,
+    sglang, flashinfer)."""
+    environment = {
+        "losslessness": losslessness.__version__,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "numpy": np.__version__,
+        "scipy": scipy.__version__,
+        "platform": platform.platform(),
+    }
+    for engine in ("transformers", "vllm", "sglang", "flashinfer"):
+        if engine in sys.modules:
+            environment[engine] = str(getattr(sys.modules[engine], "__version__", "unknown"))
+    return environment

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from losslessness.checks.cases import ChainCase, GreedyCase
+from losslessness.cases import ChainCase, GreedyCase
 from losslessness.reference.laws import total_variation
 
 BATTERY_SEED = 20221130

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from losslessness.adapters import Adapter
-from losslessness.checks import CheckKind, CheckResult, Verdict
+from losslessness.results import CheckKind, CheckResult, Verdict
 
 SUITE_CHECK_ID = "suite"
 """Check id of property-suite results."""
@@ -74,6 +74,22 @@ def pytest_command(adapter: Adapter, profile: str, junit_path: Path) -> list[str
     if importlib.util.find_spec("xdist") is not None:
         command += ["-n", "auto", "--maxprocesses", str(SUITE_TESTS)]
     return command
+
+
+SUITE_INSTALL_COMMAND = "pip install 'losslessness[nightly]'"
+"""What installs the property suite's runner (pytest, pytest-xdist)."""
+
+
+def suite_unavailable_reason() -> str | None:
+    """Why the property suite cannot run here (pytest or Hypothesis missing, with the command
+    that installs them), or None when it can."""
+    missing = [name for name in ("pytest", "hypothesis") if importlib.util.find_spec(name) is None]
+    if not missing:
+        return None
+    return (
+        f"the property suite needs {' and '.join(missing)}, which is not installed: "
+        f"{SUITE_INSTALL_COMMAND}"
+    )
 
 
 def suite_family_wise_alpha() -> float:

@@ -1,26 +1,13 @@
-"""Shards of a night: selection, sufficient statistics, files, and the exact merge.
+"""Shards of a run: selection, unit records, files, and the exact merge.
 
 Shard ``i/N`` runs the units of the plan's grid whose index is ``i`` modulo ``N``. What a shard
-keeps of a chain case is a *count table*: the distinct records of the case's steps and how
-often each occurred. A record is a *pair* of consecutive steps (``2m``, ``2m+1``) of one
-chunk, each step with every row type's output ``[k+1]`` and drafts ``[k]``::
-
-    record = [out[0, 2m], d[0, 2m], out[0, 2m+1], d[0, 2m+1], ..., d[R-1, 2m+1]]
-
-    width R * 2 * (2k+1), int64, -1 placeholders kept
-
-Every chain check is a function of the multiset of records: structure, conditional laws and
-acceptance read each step's output and drafts, whatever their order; the independence check
-reads pairs of copies of a row type that shared a verifier call, and the chunk grid keeps each
-pair inside one call (:class:`losslessness.nightly.plan.ChainCasePlan`). Merging sums the
-tables (``np.unique(axis=0)`` of the union, counts added): the merged table of N shards equals
-the table of one run of the same grid, count for count, whatever N and the merge order.
+keeps of a chain case is its count table (:mod:`losslessness.engine.tables`); of the other
+units (greedy, end-to-end, device, suite), their check results.
 
 Files are ``.npz`` (numpy's own container, ``allow_pickle=False``) holding one records and one
-counts array per (target, case) and a JSON metadata string: the format version, the plan's
-description and fingerprint, the shard spec, the units run with their timings and failures,
-and the results of the units that are not sampled in chunks (greedy, end-to-end, device,
-suite).
+counts array per (target, case) and a JSON metadata string: the format version, the plan record
+and its fingerprint, the shard spec, the units run with their timings and failures, and the
+results of the units that are not count tables.
 """
 
 from __future__ import annotations
@@ -35,9 +22,11 @@ from typing import Any
 
 import numpy as np
 
-from losslessness.checks import CheckResult, check_from_dict, check_to_dict
+from losslessness.engine.plan import PlanRecord
+from losslessness.engine.tables import CountTable, merge_tables
+from losslessness.results import CheckResult, check_from_dict, check_to_dict
 
-SHARD_FORMAT_VERSION = "1"
+SHARD_FORMAT_VERSION = "2"
 """Version of the shard file layout; :func:`load_shard` rejects other versions."""
 
 _SHARD_PATTERN = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
@@ -95,141 +84,21 @@ def parse_shard_spec(text: str) -> ShardSpec:
     return ShardSpec(index, count)
 
 
-@dataclass(frozen=True)
-class CountTable:
-    """Distinct step-pair records of one chain case and their counts.
-
-    Attributes:
-        records: ``[M, R * 2 * (2k+1)]`` int64, distinct rows in ``np.unique`` order.
-        counts: ``[M]`` int64, each >= 1.
-    """
-
-    records: np.ndarray
-    counts: np.ndarray
-
-    @property
-    def n_pairs(self) -> int:
-        """Number of step pairs counted."""
-        return int(self.counts.sum())
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, CountTable):
-            return NotImplemented
-        return np.array_equal(self.records, other.records) and np.array_equal(
-            self.counts, other.counts
-        )
-
-    __hash__ = None  # type: ignore[assignment]
-
-
-def count_records(records: np.ndarray, counts: np.ndarray | None = None) -> CountTable:
-    """The count table of ``records`` (each weighted by ``counts``, default 1).
-
-    Args:
-        records: ``[M, W]`` integer.
-        counts: ``[M]`` nonnegative int64 weights, or None.
-
-    Returns:
-        :class:`CountTable` with distinct rows in lexicographic order.
-    """
-    records = np.asarray(records, dtype=np.int64)
-    if records.ndim != 2:
-        raise ValueError(f"records: expected a [M, W] array, got shape {records.shape}")
-    weights = (
-        np.ones(records.shape[0], dtype=np.int64)
-        if counts is None
-        else np.asarray(counts, dtype=np.int64)
-    )
-    if weights.shape != (records.shape[0],):
-        raise ValueError(f"counts: expected shape ({records.shape[0]},), got {weights.shape}")
-    unique, inverse = np.unique(records, axis=0, return_inverse=True)
-    summed = np.zeros(unique.shape[0], dtype=np.int64)
-    np.add.at(summed, inverse.reshape(-1), weights)
-    keep = summed > 0
-    return CountTable(unique[keep], summed[keep])
-
-
-def merge_tables(tables: list[CountTable]) -> CountTable:
-    """Sum count tables of the same case (same record width).
-
-    Raises:
-        ValueError: no tables, or tables of different widths.
-    """
-    if not tables:
-        raise ValueError("tables: nothing to merge")
-    widths = {table.records.shape[1] for table in tables}
-    if len(widths) != 1:
-        raise ValueError(f"tables: record widths differ: {sorted(widths)}")
-    return count_records(
-        np.concatenate([table.records for table in tables]),
-        np.concatenate([table.counts for table in tables]),
-    )
-
-
-def pair_records(outputs: np.ndarray, drafts: np.ndarray) -> np.ndarray:
-    """Step-pair records of one chunk (see the module docstring for the layout).
-
-    Args:
-        outputs: ``[R, n, k+1]`` int64 verifier outputs, ``n`` even.
-        drafts: ``[R, n, k]`` int64 drafts.
-
-    Returns:
-        ``[n / 2, R * 2 * (2k+1)]`` int64.
-
-    Raises:
-        ValueError: ``n`` odd, or shapes that do not match.
-    """
-    rows, n, width = outputs.shape
-    if n % 2:
-        raise ValueError(f"outputs: the number of steps must be even, got {n}")
-    if drafts.shape != (rows, n, width - 1):
-        raise ValueError(f"drafts: expected shape {(rows, n, width - 1)}, got {drafts.shape}")
-    steps = np.concatenate([outputs, drafts], axis=-1)
-    paired = steps.reshape(rows, n // 2, 2 * (2 * width - 1)).transpose(1, 0, 2)
-    return np.ascontiguousarray(paired.reshape(n // 2, -1), dtype=np.int64)
-
-
-def expand_table(table: CountTable, rows: int, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Outputs and drafts with every record repeated ``count`` times, pairs kept adjacent.
-
-    Args:
-        table: count table of a case with ``rows`` row types and draft length ``k``.
-        rows: R.
-        k: draft length.
-
-    Returns:
-        ``(outputs [R, 2P, k+1], drafts [R, 2P, k])`` int64, P = ``table.n_pairs``; steps
-        ``2m`` and ``2m+1`` form pair m.
-
-    Raises:
-        ValueError: the record width is not ``R * 2 * (2k+1)``.
-    """
-    step_width = 2 * k + 1
-    if table.records.shape[1] != rows * 2 * step_width:
-        raise ValueError(
-            f"table: records have width {table.records.shape[1]}, expected "
-            f"R * 2 * (2k+1) = {rows * 2 * step_width}"
-        )
-    repeated = np.repeat(table.records, table.counts, axis=0)
-    pairs = repeated.shape[0]
-    steps = repeated.reshape(pairs, rows, 2 * step_width).transpose(1, 0, 2)
-    steps = steps.reshape(rows, 2 * pairs, step_width)
-    return np.ascontiguousarray(steps[..., : k + 1]), np.ascontiguousarray(steps[..., k + 1 :])
-
-
 @dataclass
 class UnitRecord:
     """What one unit produced besides its count table.
 
     Attributes:
         index, key, kind, target, case_id, chunk: the unit (see
-            :class:`losslessness.nightly.plan.Unit`).
+            :class:`losslessness.engine.plan.Unit`).
         wall_time_s: seconds the unit took.
         verify_steps: verification steps (batch rows) the target ran.
         verifier_calls: calls made to the target.
         verifier_time_s: seconds spent inside the target.
-        failure_kind: ``protocol`` (malformed output) or ``error`` (the target raised), or None.
-        failure: the message of the failure.
+        failure_kind: ``protocol`` (malformed output), ``error`` (the target raised or hung) or
+            ``unavailable`` (the unit's optional package is missing here), or None.
+        failure: the message of the failure (for ``unavailable``: the reason and the command
+            that installs what is missing).
         checks: results of greedy, end-to-end, device and suite units.
         extra: JSON-able extras (device: unavailable adapters; suite: exit code, junit XML).
     """
@@ -255,30 +124,30 @@ class ShardResult:
     """One shard's output (in memory; :func:`save_shard` / :func:`load_shard` for files).
 
     Attributes:
-        plan: the plan's description (:meth:`NightlyPlan.describe`).
-        fingerprint: the plan's fingerprint.
+        plan: the plan record (the same on every shard of a run).
         shard: which shard.
         units: the records of every unit run, by grid index.
-        tables: count tables by (target, case id), summed over the shard's chunks.
-        target_descriptions: description of each loaded target, by name.
-        unavailable: reason each unavailable target did not load, by name.
+        tables: count tables by (target, case id): the shard's chunks in grid order (in memory)
+            or canonical (loaded from a file).
         environment: versions where the shard ran.
         started_at: ISO 8601 UTC start.
         wall_time_s: seconds the shard took.
         source: the file it was loaded from, if any.
     """
 
-    plan: dict[str, Any]
-    fingerprint: str
+    plan: PlanRecord
     shard: ShardSpec
     units: dict[int, UnitRecord]
     tables: dict[tuple[str, str], CountTable]
-    target_descriptions: dict[str, str]
-    unavailable: dict[str, str]
     environment: dict[str, str]
     started_at: str
     wall_time_s: float
     source: str | None = None
+
+    @property
+    def fingerprint(self) -> str:
+        """The plan's fingerprint."""
+        return self.plan.fingerprint
 
     @property
     def label(self) -> str:
@@ -317,22 +186,21 @@ def save_shard(shard: ShardResult, path: str | Path) -> Path:
     keys = sorted(shard.tables)
     arrays: dict[str, Any] = {}
     for i, key in enumerate(keys):
-        records = shard.tables[key].records
+        table = shard.tables[key].canonical()
+        records = table.records
         # Token ids fit int32 unless a malformed output holds huge values; keep those exact.
         fits = records.size == 0 or (
             records.min() >= np.iinfo(np.int32).min and records.max() <= np.iinfo(np.int32).max
         )
         arrays[f"records_{i}"] = records.astype(np.int32 if fits else np.int64)
-        arrays[f"counts_{i}"] = shard.tables[key].counts
+        arrays[f"counts_{i}"] = table.counts
     meta = {
         "format_version": SHARD_FORMAT_VERSION,
         "fingerprint": shard.fingerprint,
-        "plan": shard.plan,
+        "plan": shard.plan.to_json(),
         "shard": [shard.shard.index, shard.shard.count],
         "tables": [list(key) for key in keys],
         "units": [_unit_to_dict(unit) for _, unit in sorted(shard.units.items())],
-        "target_descriptions": shard.target_descriptions,
-        "unavailable": shard.unavailable,
         "environment": shard.environment,
         "started_at": shard.started_at,
         "wall_time_s": shard.wall_time_s,
@@ -358,7 +226,7 @@ def load_shard(path: str | Path) -> ShardResult:
     except FileNotFoundError:
         raise
     except (OSError, ValueError, KeyError, zipfile.BadZipFile) as error:
-        raise ShardMergeError(f"{path}: not a nightly shard file ({error})") from error
+        raise ShardMergeError(f"{path}: not a shard file ({error})") from error
     version = meta.get("format_version")
     if version != SHARD_FORMAT_VERSION:
         raise ShardMergeError(
@@ -372,14 +240,17 @@ def load_shard(path: str | Path) -> ShardResult:
         for i, (target, case_id) in enumerate(meta["tables"])
     }
     units = [_unit_from_dict(unit) for unit in meta["units"]]
+    try:
+        plan = PlanRecord.from_json(meta["plan"])
+    except ValueError as error:
+        raise ShardMergeError(f"{path}: {error}") from error
+    if plan.fingerprint != meta["fingerprint"]:
+        raise ShardMergeError(f"{path}: the plan does not match its fingerprint (altered file?)")
     return ShardResult(
-        plan=meta["plan"],
-        fingerprint=meta["fingerprint"],
+        plan=plan,
         shard=ShardSpec(*meta["shard"]),
         units={unit.index: unit for unit in units},
         tables=tables,
-        target_descriptions=meta["target_descriptions"],
-        unavailable=meta["unavailable"],
         environment=meta["environment"],
         started_at=meta["started_at"],
         wall_time_s=meta["wall_time_s"],
@@ -406,22 +277,26 @@ class MergedShards:
     """The union of compatible shards.
 
     Attributes:
-        plan: the common plan description.
-        fingerprint: its fingerprint.
+        plan: the common plan record.
         units: every unit's record, by grid index (complete, no duplicates).
-        tables: count tables by (target, case id), summed over shards.
+        tables: count tables by (target, case id): summed over shards (canonical), or one
+            shard's own tables as they are.
         shards: the shards merged, in the order given.
     """
 
-    plan: dict[str, Any]
-    fingerprint: str
+    plan: PlanRecord
     units: dict[int, UnitRecord]
     tables: dict[tuple[str, str], CountTable]
     shards: list[ShardResult]
 
+    @property
+    def fingerprint(self) -> str:
+        """The plan's fingerprint."""
+        return self.plan.fingerprint
+
 
 def merge_shards(shards: list[ShardResult]) -> MergedShards:
-    """Check that ``shards`` are parts of one night and sum them.
+    """Check that ``shards`` are parts of one run and sum them.
 
     Raises:
         ShardMergeError: no shards; plans that differ (naming the first differences and the
@@ -433,7 +308,8 @@ def merge_shards(shards: list[ShardResult]) -> MergedShards:
     first = shards[0]
     for other in shards[1:]:
         if other.fingerprint != first.fingerprint:
-            differences = _differences(first.plan, other.plan) or ["(fingerprints only)"]
+            differences = _differences(first.plan.to_json(), other.plan.to_json())
+            differences = differences or ["(fingerprints only)"]
             shown = "; ".join(differences[:5])
             more = f" (and {len(differences) - 5} more)" if len(differences) > 5 else ""
             raise ShardMergeError(
@@ -450,7 +326,7 @@ def merge_shards(shards: list[ShardResult]) -> MergedShards:
                 )
             units[index] = unit
             owner[index] = shard.label
-    expected = int(first.plan["units"])
+    expected = len(first.plan.units)
     missing = sorted(set(range(expected)) - set(units))
     if missing:
         specs = sorted({str(shard.shard) for shard in shards})
@@ -458,28 +334,25 @@ def merge_shards(shards: list[ShardResult]) -> MergedShards:
             f"{len(missing)} of {expected} units were run by no shard given (shards "
             f"{', '.join(specs)}); first missing grid indices: {missing[:5]}"
         )
+    if len(shards) == 1:
+        return MergedShards(first.plan, units, dict(first.tables), list(shards))
     grouped: dict[tuple[str, str], list[CountTable]] = {}
     for shard in shards:
         for key, table in shard.tables.items():
             grouped.setdefault(key, []).append(table)
     tables = {key: merge_tables(parts) for key, parts in sorted(grouped.items())}
-    return MergedShards(first.plan, first.fingerprint, units, tables, list(shards))
+    return MergedShards(first.plan, units, tables, list(shards))
 
 
 __all__ = [
     "SHARD_FORMAT_VERSION",
-    "CountTable",
     "MergedShards",
     "ShardMergeError",
     "ShardResult",
     "ShardSpec",
     "UnitRecord",
-    "count_records",
-    "expand_table",
     "load_shard",
     "merge_shards",
-    "merge_tables",
-    "pair_records",
     "parse_shard_spec",
     "save_shard",
 ]

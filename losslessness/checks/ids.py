@@ -1,0 +1,34 @@
+"""Check ids: the names results, ``--only`` and replays use, declared once."""
+
+STRUCTURE_CHECK_ID = "structure"
+LAW_CHECK_ID = "law"
+ACCEPTANCE_CHECK_ID = "acceptance"
+INDEPENDENCE_CHECK_ID = "independence"
+GREEDY_CHECK_ID = "greedy"
+SEQUENCE_LAW_CHECK_ID = "sequence-law"
+SEQUENCE_GREEDY_CHECK_ID = "sequence-greedy"
+DRAFTS_ACCEPTED_CHECK_ID = "drafts-accepted"
+
+STATISTICAL_CHAIN_CHECK_IDS = (LAW_CHECK_ID, ACCEPTANCE_CHECK_ID, INDEPENDENCE_CHECK_ID)
+"""Chain checks that spend a share of the run's false-alarm budget."""
+
+SAMPLED_CHAIN_CHECK_IDS = (STRUCTURE_CHECK_ID, *STATISTICAL_CHAIN_CHECK_IDS)
+"""The chain checks run on a case's samples (the edge cases come out of ``law`` and
+``acceptance``); a case whose target crashed reports each of them as ERROR."""
+
+CHAIN_CHECK_IDS = (
+    *SAMPLED_CHAIN_CHECK_IDS,
+    "edge.disjoint",
+    "edge.one-hot",
+    "edge.p-equals-q",
+)
+"""Check ids a chain verifier is audited with."""
+
+GREEDY_CHECK_IDS = (GREEDY_CHECK_ID,)
+"""Check ids a greedy verifier is audited with."""
+
+SEQUENCE_CHECK_IDS = (SEQUENCE_LAW_CHECK_ID, SEQUENCE_GREEDY_CHECK_ID, DRAFTS_ACCEPTED_CHECK_ID)
+"""Check ids an end-to-end target is audited with."""
+
+ALL_CHECK_IDS = (*CHAIN_CHECK_IDS, *GREEDY_CHECK_IDS, *SEQUENCE_CHECK_IDS)
+"""Every check id of a run's targets (``--only`` also takes ``edge`` for every ``edge.*``)."""

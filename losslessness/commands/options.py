@@ -1,0 +1,119 @@
+"""Options the run commands (``audit``, ``plan``, ``nightly``) share, declared once, and the
+:class:`~losslessness.design.RunConfig` they build."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+
+from losslessness.checks import ALL_CHECK_IDS
+from losslessness.design import DEFAULT_TIMEOUT_S, RunConfig
+from losslessness.stats import DEFAULT_FAMILY_WISE_ALPHA
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+_DESIGN_OPTIONS = (
+    click.option(
+        "--tv",
+        type=float,
+        default=0.05,
+        show_default=True,
+        help="Design TV distance: each identity test detects TV >= this with --power.",
+    ),
+    click.option(
+        "--alpha",
+        type=float,
+        default=DEFAULT_FAMILY_WISE_ALPHA,
+        show_default=True,
+        help="Family-wise false-alarm rate of the whole run (split Bonferroni).",
+    ),
+    click.option("--power", type=float, default=0.9, show_default=True, help="Design power."),
+    click.option("--seed", type=int, default=0, show_default=True, help="Run seed."),
+    click.option(
+        "--case",
+        "cases",
+        multiple=True,
+        metavar="CASE",
+        help="Run only this battery case or end-to-end target (repeatable); see "
+        "'losslessness list'.",
+    ),
+    click.option(
+        "--only",
+        multiple=True,
+        metavar="CHECK",
+        help=f"Run only this check (repeatable): {', '.join(ALL_CHECK_IDS)}, or 'edge' for "
+        "every edge case.",
+    ),
+    click.option(
+        "--max-steps",
+        type=int,
+        default=200_000,
+        show_default=True,
+        help="Cap on the CI plan's verify steps per case and row type, and on sequences per "
+        "end-to-end target.",
+    ),
+    click.option(
+        "--steps",
+        type=int,
+        default=None,
+        help="Use exactly this many steps per case, sequences per end-to-end target (replays).",
+    ),
+    click.option(
+        "--chunk-steps",
+        type=int,
+        default=None,
+        help="Most steps per chain chunk (replays of a nightly's chunked cases); default one "
+        "chunk per case for an audit.",
+    ),
+    click.option(
+        "--timeout",
+        "timeout_s",
+        type=float,
+        default=DEFAULT_TIMEOUT_S,
+        show_default=True,
+        help="Seconds one call of a target may take; a longer call is an ERROR for its check "
+        "and the target's remaining checks are skipped (exit code 3).",
+    ),
+)
+
+
+def design_options(function: _F) -> _F:
+    """Add the shared design options to a click command."""
+    for option in reversed(_DESIGN_OPTIONS):
+        function = option(function)
+    return function
+
+
+def build_config(values: dict[str, Any], **extra: Any) -> RunConfig:
+    """The :class:`RunConfig` of the shared options in ``values`` (a command's keyword
+    arguments) plus ``extra`` fields (None keeps the default).
+
+    Raises:
+        click.BadParameter: an unknown check id in ``--only``.
+        click.UsageError: a value out of range (the message names the field).
+    """
+    known = (*ALL_CHECK_IDS, "edge")
+    for name in values["only"]:
+        if name not in known:
+            raise click.BadParameter(
+                f"unknown check {name!r}; known: {', '.join(known)}", param_hint="--only"
+            )
+    fields: dict[str, Any] = {
+        "tv": values["tv"],
+        "family_wise_alpha": values["alpha"],
+        "power": values["power"],
+        "seed": values["seed"],
+        "only": tuple(values["only"]),
+        "cases": tuple(values["cases"]),
+        "max_steps": values["max_steps"],
+        "steps": values["steps"],
+        "chunk_steps": values["chunk_steps"],
+        "timeout_s": values["timeout_s"],
+    }
+    fields.update({key: value for key, value in extra.items() if value is not None})
+    try:
+        return RunConfig(**fields)
+    except ValueError as error:
+        raise click.UsageError(str(error)) from error

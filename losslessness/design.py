@@ -1,0 +1,197 @@
+"""The design every run states: the statistical design (TV, family-wise rate, power, seed) and
+what the run covers (checks, cases, budget, chunking, device checks, property suite).
+
+One :class:`RunConfig` serves the audit (a one-shard run at the CI budget) and the nightly (the
+same run at a multiple of the budget, in chunks and shards); :meth:`RunConfig.nightly` gives the
+nightly's defaults per device.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from losslessness.stats import DEFAULT_FAMILY_WISE_ALPHA
+
+DEFAULT_TIMEOUT_S = 300.0
+"""Seconds one call of a target may take before it counts as hung (``--timeout``): well above
+the slowest legitimate call seen here (the transformers adapter, one batch row at a time, about
+7 ms per row on 2 cores, calls of up to a few thousand rows)."""
+
+CHUNK_STEPS = 1 << 14
+"""Most verification steps per chain chunk (per row type) of a nightly run."""
+
+DEVICES = ("cpu", "cuda")
+"""Devices the device checks run on."""
+
+SUITE_PROFILES = ("dev", "ci", "nightly")
+"""Hypothesis profiles of the property suite."""
+
+
+@dataclass(frozen=True)
+class DeviceDefaults:
+    """What a night on one device runs unless told otherwise.
+
+    Attributes:
+        budget: multiplier of the CI plan's verification steps.
+        suite_profile: Hypothesis profile of the property suite.
+        suite_targets: targets the property suite runs on; None means every night target.
+    """
+
+    budget: float
+    suite_profile: str
+    suite_targets: tuple[str, ...] | None
+
+
+DEVICE_DEFAULTS = {
+    "cuda": DeviceDefaults(budget=10.0, suite_profile="nightly", suite_targets=None),
+    # Reduced for a CPU machine: the transformers adapter calls one batch row at a time
+    # (about 7 ms per verification step on 2 cores), so 10x the CI plan would take hours; and
+    # the suite's nightly profile takes about 10 minutes of wall time on the reference alone.
+    "cpu": DeviceDefaults(budget=0.05, suite_profile="ci", suite_targets=("reference",)),
+}
+"""Nightly defaults by device (``--budget``, suite profile, suite targets). The CPU defaults are
+a smoke-sized night; GPU machines run 10x the CI plan."""
+
+
+@dataclass(frozen=True)
+class RunDesign:
+    """The statistical design every run states.
+
+    Attributes:
+        tv: design TV distance eps: each identity test detects TV >= eps with ``power``.
+        family_wise_alpha: probability that a correct target gets any false alarm in the run.
+        power: design power 1 - beta.
+        seed: the run seed; every case's (chunk's) seed derives from it.
+
+    Raises:
+        ValueError: naming the field, for values out of range.
+    """
+
+    tv: float = 0.05
+    family_wise_alpha: float = DEFAULT_FAMILY_WISE_ALPHA
+    power: float = 0.9
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.tv <= 1:
+            raise ValueError(f"tv: must lie in (0, 1], got {self.tv}")
+        if not 0 < self.family_wise_alpha < 1:
+            raise ValueError(f"family_wise_alpha: must lie in (0, 1), got {self.family_wise_alpha}")
+        if not 0 < self.power < 1:
+            raise ValueError(f"power: must lie in (0, 1), got {self.power}")
+
+
+@dataclass(frozen=True)
+class RunConfig(RunDesign):
+    """Design of one run: :class:`RunDesign`, then what it covers.
+
+    Attributes:
+        only: check ids to run (``law``, ``acceptance``, ``structure``, ``greedy``, ``edge``
+            for every ``edge.*``, ``sequence-law``, ``sequence-greedy``, ``drafts-accepted``);
+            empty runs all.
+        cases: case ids (battery cases, end-to-end target names) to run; empty runs all.
+        max_steps: cap on the CI plan's verification steps per case and row type, and on the
+            sequences generated per end-to-end target (before ``budget``).
+        steps: when set, every case uses exactly this many steps (every end-to-end target this
+            many sequences: replays), overriding the plan and the budget.
+        budget: multiplier of the CI plan's steps (1 for an audit; 10 to 100 on a GPU night,
+            below 1 for smoke runs).
+        chunk_steps: most steps per chain chunk; None samples every case in one chunk (the
+            audit). Chunks are what shards split; they never change a check's statistics.
+        timeout_s: seconds one call of a target may take; a longer call is an ERROR for its
+            check and the target's remaining work is skipped (also ERROR).
+        targets: target names of a night (empty: every registered adapter that loads); an
+            audit names its targets directly.
+        device: ``cpu`` or ``cuda``: where the device checks run.
+        device_checks: whether the run has a device-check unit (coupling, precision).
+        suite: whether the run has property-suite units.
+        suite_profile: the suite's Hypothesis profile (``dev``, ``ci``, ``nightly``).
+        suite_targets: targets the suite runs on; None means every target with a chain or
+            greedy verifier.
+
+    Raises:
+        ValueError: naming the field, for values out of range.
+    """
+
+    only: tuple[str, ...] = ()
+    cases: tuple[str, ...] = ()
+    max_steps: int = 200_000
+    steps: int | None = None
+    budget: float = 1.0
+    chunk_steps: int | None = None
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    targets: tuple[str, ...] = ()
+    device: str = "cpu"
+    device_checks: bool = False
+    suite: bool = False
+    suite_profile: str = "ci"
+    suite_targets: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.max_steps < 1:
+            raise ValueError(f"max_steps: must be >= 1, got {self.max_steps}")
+        if self.steps is not None and self.steps < 1:
+            raise ValueError(f"steps: must be >= 1, got {self.steps}")
+        if not (math.isfinite(self.budget) and self.budget > 0):
+            raise ValueError(f"budget: must be a positive number, got {self.budget}")
+        if self.chunk_steps is not None and self.chunk_steps < 1:
+            raise ValueError(f"chunk_steps: must be >= 1, got {self.chunk_steps}")
+        if not self.timeout_s > 0:
+            raise ValueError(
+                f"timeout_s: must be a positive number of seconds, got {self.timeout_s}"
+            )
+        if self.device not in DEVICES:
+            raise ValueError(f"device: must be one of {DEVICES}, got {self.device!r}")
+        if self.suite_profile not in SUITE_PROFILES:
+            raise ValueError(
+                f"suite_profile: must be one of {SUITE_PROFILES}, got {self.suite_profile!r}"
+            )
+
+    def selects(self, check_id: str) -> bool:
+        """Whether ``check_id`` is among the checks to run (``edge`` selects every ``edge.*``)."""
+        return not self.only or any(
+            check_id == name or check_id.startswith(name + ".") for name in self.only
+        )
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RunConfig:
+        """The config of a JSON record's ``config`` object (arrays back to tuples).
+
+        Raises:
+            TypeError: unknown or missing fields. ValueError: values out of range.
+        """
+        values: dict[str, Any] = {
+            key: tuple(value) if isinstance(value, list) else value for key, value in data.items()
+        }
+        return cls(**values)
+
+    @classmethod
+    def nightly(cls, device: str = "cpu", **overrides: Any) -> RunConfig:
+        """The nightly config on ``device``: :data:`DEVICE_DEFAULTS` of the device, chunks of
+        :data:`CHUNK_STEPS`, device checks and the property suite on, then ``overrides``
+        (fields given as None keep the default).
+
+        Raises:
+            ValueError: unknown device, or a field out of range.
+        """
+        if device not in DEVICE_DEFAULTS:
+            raise ValueError(f"device: must be one of {DEVICES}, got {device!r}")
+        defaults = DEVICE_DEFAULTS[device]
+        values: dict[str, Any] = {
+            "device": device,
+            "budget": defaults.budget,
+            "chunk_steps": CHUNK_STEPS,
+            "device_checks": True,
+            "suite": True,
+            "suite_profile": defaults.suite_profile,
+            "suite_targets": defaults.suite_targets,
+        }
+        values.update({key: value for key, value in overrides.items() if value is not None})
+        return cls(**values)
+
+
+AuditConfig = RunConfig
+"""The name the audit's API and records have always used for :class:`RunConfig`."""

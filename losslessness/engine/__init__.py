@@ -1,0 +1,55 @@
+"""The run engine: plan (select cases, count assertions, split the budget, size every case,
+lay out the unit grid) -> sample into count tables -> checks on the tables -> AuditResult.
+
+One engine serves the audit (one shard at the CI budget), the nightly (a multiple of the
+budget, chunked, in shards merged exactly, with device-check and property-suite units) and the
+property suite's plugin. Modules:
+
+- :mod:`~losslessness.engine.battery`: the default cases;
+- :mod:`~losslessness.engine.plan`: the plan, its budget and its unit grid;
+- :mod:`~losslessness.engine.draw`: every call of a target (drafts drawn, time bounded);
+- :mod:`~losslessness.engine.tables`: count tables, the chain cases' sufficient statistics;
+- :mod:`~losslessness.engine.shards`: shard selection, unit records, files, exact merge;
+- :mod:`~losslessness.engine.end_to_end`: end-to-end units (sequence laws);
+- :mod:`~losslessness.engine.device`: the device-check unit (coupling, precision);
+- :mod:`~losslessness.engine.suite`: the property-suite unit (a pytest subprocess);
+- :mod:`~losslessness.engine.run`: running a shard, finishing a run, :func:`run_audit`.
+"""
+
+from losslessness.engine.plan import (
+    PlanRecord,
+    RunPlan,
+    UnavailableTarget,
+    plan_run,
+    resolve_targets,
+)
+from losslessness.engine.run import RunResult, finish_run, make_plan, run_audit, run_shard
+from losslessness.engine.shards import (
+    ShardMergeError,
+    ShardResult,
+    ShardSpec,
+    load_shard,
+    merge_shards,
+    parse_shard_spec,
+    save_shard,
+)
+
+__all__ = [
+    "PlanRecord",
+    "RunPlan",
+    "RunResult",
+    "ShardMergeError",
+    "ShardResult",
+    "ShardSpec",
+    "UnavailableTarget",
+    "finish_run",
+    "load_shard",
+    "make_plan",
+    "merge_shards",
+    "parse_shard_spec",
+    "plan_run",
+    "resolve_targets",
+    "run_audit",
+    "run_shard",
+    "save_shard",
+]

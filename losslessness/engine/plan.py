@@ -1,0 +1,568 @@
+"""Planning a run: which targets, cases and units it samples, and its error budget, decided
+before any sample is drawn.
+
+A run is a fixed grid of *units*, the same however the run is split into shards:
+
+- ``chain``: one chunk of one battery case on one target. A case's verification steps are the
+  CI plan's (:func:`plan_case` at the run's per-assertion level) times the budget, cut into
+  chunks of at most ``config.chunk_steps`` steps (one chunk when it is None, as in the audit);
+- ``greedy``: one greedy case on one target (exact, deterministic);
+- ``end-to-end``: one end-to-end engine of one target (the sequence-law checks);
+- ``device``: the coupling and precision checks on the run's device;
+- ``suite``: the property suite on one target (a pytest subprocess).
+
+Seeds: a chain case's seed is ``derive_seed(run seed, "chain", case hash)`` (the same for every
+target); chunk 0 is sampled from the case seed itself and chunk j >= 1 from
+``derive_seed(case seed, j)``, so a one-chunk run replays with ``--seed S --case C --steps N``.
+
+The family-wise false-alarm rate is one Bonferroni budget: the device checks get the share of
+one more target (``alpha / (targets + 1)``) when the run has them; the rest is split evenly
+over every statistical assertion of the battery (chain cases and sequence-law tests of every
+target). The property suite spends its own documented rate per target.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from losslessness.adapters import (
+    Adapter,
+    AdapterNotFound,
+    AdapterUnavailable,
+    EndToEndTarget,
+    registered_adapters,
+    resolve_adapter,
+)
+from losslessness.cases import ChainCase, GreedyCase
+from losslessness.checks import STATISTICAL_CHAIN_CHECK_IDS, count_statistical_assertions
+from losslessness.checks.assertions import case_laws, law_is_statistical
+from losslessness.checks.ids import (
+    CHAIN_CHECK_IDS,
+    DRAFTS_ACCEPTED_CHECK_ID,
+    GREEDY_CHECK_ID,
+    SEQUENCE_GREEDY_CHECK_ID,
+    SEQUENCE_LAW_CHECK_ID,
+)
+from losslessness.design import RunConfig
+from losslessness.engine.battery import default_chain_battery, default_greedy_battery
+from losslessness.engine.draw import rows_per_call
+from losslessness.engine.end_to_end import EndToEndPlan, plan_end_to_end
+from losslessness.seeding import derive_seed
+from losslessness.stats import ErrorBudget, plan_identity_test
+
+PLAN_VERSION = "2"
+"""Version of the plan's description; shards of different versions never merge."""
+
+UNIT_KINDS = ("chain", "greedy", "end-to-end", "device", "suite")
+"""Kinds of work unit, in grid order within a target."""
+
+DEVICE_CI_STEPS = 20_000
+"""Steps per case and row type of the device checks at budget 1."""
+
+MIN_STEPS = 2000
+"""Fewest verification steps per row type in the CI plan, so that exact checks and acceptance
+tests see enough samples even where the identity tests need few."""
+
+
+@dataclass(frozen=True)
+class UnavailableTarget:
+    """A target that could not be loaded, and why.
+
+    Attributes:
+        name: the target's name.
+        reason: why it did not load (with the command that installs what is missing).
+        named: the user named it (its verdict is ERROR); False for a registered adapter a run
+            tried on its own (UNAVAILABLE: listed, deciding nothing).
+    """
+
+    name: str
+    reason: str
+    named: bool = True
+
+
+@dataclass(frozen=True)
+class CasePlan:
+    """Verification steps one chain case needs at budget 1 (the CI plan).
+
+    Attributes:
+        n_steps: steps per row type.
+        needed_steps: steps the design (tv, alpha, power) asks for, before the cap.
+        capped: True when ``max_steps`` cut ``needed_steps``; the results then report a
+            minimum detectable TV above the requested one.
+    """
+
+    n_steps: int
+    needed_steps: int
+    capped: bool
+
+
+def plan_case(case: ChainCase, tv: float, alpha: float, power: float, max_steps: int) -> CasePlan:
+    """Steps needed so that every identity test of ``case`` detects TV >= ``tv``.
+
+    Position i of row r is reached with probability ``reach[r, i]``, so it needs about
+    ``n_i / reach[r, i]`` steps (plus three binomial standard deviations) for the ``n_i``
+    samples of its identity test (:func:`losslessness.stats.plan_identity_test`); exact checks
+    need ``log(1 - power) / log(1 - tv)`` observations; never fewer than :data:`MIN_STEPS`.
+
+    Args:
+        case: the case.
+        tv: design TV distance in (0, 1].
+        alpha: per-assertion significance level.
+        power: design power 1 - beta.
+        max_steps: cap on the steps per row type.
+
+    Returns:
+        :class:`CasePlan`.
+    """
+    exact_n = math.ceil(math.log1p(-power) / math.log1p(-min(tv, 1 - 1e-12)))
+    needed = max(MIN_STEPS, exact_n)
+    for laws in case_laws(case):
+        for i in range(case.k + 1):
+            if not law_is_statistical(laws, i):
+                continue
+            plan = plan_identity_test(laws.emitted[i].numpy(), tv, alpha, power, max_n=max_steps)
+            reach = float(laws.reach[i])
+            # The count reaching position i is Binomial(steps, reach); three standard
+            # deviations of head-room keep it at or above plan.n in all but ~0.1% of runs.
+            needed = max(needed, math.ceil((plan.n + 3 * math.sqrt(plan.n * (1 - reach))) / reach))
+    return CasePlan(min(needed, max_steps), needed, needed > max_steps)
+
+
+@dataclass(frozen=True)
+class ChainCasePlan:
+    """The chunk grid of one chain case (the same for every target).
+
+    Attributes:
+        case_id, case_hash: the case.
+        ci_steps: steps per row type of the CI plan (budget 1) at the run's alpha.
+        needed_steps: steps the design asked for before the cap.
+        capped: the CI plan was capped (its minimum detectable TV exceeds the design TV).
+        n_steps: the run's steps per row type: ``ceil(ci_steps * budget)`` (``steps`` when
+            the config fixes it).
+        chunk_steps: steps per chunk (the last chunk may be shorter).
+        steps_per_call: copies of each row type one verifier call carries.
+        seed: the case seed (chunk 0's seed).
+    """
+
+    case_id: str
+    case_hash: str
+    ci_steps: int
+    needed_steps: int
+    capped: bool
+    n_steps: int
+    chunk_steps: int
+    steps_per_call: int
+    seed: int
+
+    @property
+    def n_chunks(self) -> int:
+        """Number of chunks."""
+        return -(-self.n_steps // self.chunk_steps)
+
+    def chunk_size(self, chunk: int) -> int:
+        """Steps of chunk ``chunk`` (every chunk but the last has ``chunk_steps``).
+
+        Raises:
+            ValueError: naming ``chunk`` when out of range.
+        """
+        if not 0 <= chunk < self.n_chunks:
+            raise ValueError(f"chunk: must lie in [0, {self.n_chunks}), got {chunk}")
+        return min(self.chunk_steps, self.n_steps - chunk * self.chunk_steps)
+
+    def chunk_seed(self, chunk: int) -> int:
+        """Seed of chunk ``chunk``: the case seed for chunk 0, ``derive_seed(seed, j)`` after."""
+        return self.seed if chunk == 0 else derive_seed(self.seed, chunk)
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One indivisible piece of the run's work.
+
+    Attributes:
+        index: position in the grid; shard ``i/N`` runs the units with ``index % N == i``.
+        kind: one of :data:`UNIT_KINDS`.
+        target: the target's name (the device for ``device`` units).
+        case_id: the battery case (chain, greedy) or end-to-end engine, else empty.
+        chunk: the chunk index (chain), else 0.
+        steps: verification steps per row type of the chunk (chain), else 0.
+    """
+
+    index: int
+    kind: str
+    target: str
+    case_id: str = ""
+    chunk: int = 0
+    steps: int = 0
+
+    @property
+    def key(self) -> str:
+        """``kind/target/case/chunk``: names the unit in files and errors."""
+        return f"{self.kind}/{self.target}/{self.case_id}/{self.chunk}"
+
+
+@dataclass(frozen=True)
+class PlanRecord:
+    """Everything of a plan that decides the samples and the budget, as plain data: what a
+    shard file stores, what two shards must share to merge, and what finishing a run reads.
+
+    Attributes:
+        plan_version: :data:`PLAN_VERSION`.
+        config: the design.
+        targets: loaded targets, in grid order, with their descriptions and whether each
+            decides on whole blocks.
+        unavailable: targets that did not load: (name, reason, named by the user).
+        chain_cases: the chunk grid of every chain case, by case id.
+        greedy_cases: case hash of every greedy case, by case id.
+        n_assertions: statistical assertions of the battery.
+        battery_alpha: the battery's family-wise rate (split Bonferroni over ``n_assertions``).
+        device_alpha: the device checks' family-wise rate (0 without them).
+        device_steps: steps per case of the device checks.
+        device_note: why the run has no device unit, when it has none.
+        suite_targets: targets the property suite runs on.
+        units: the grid.
+    """
+
+    plan_version: str
+    config: RunConfig
+    targets: tuple[tuple[str, str, bool], ...]
+    unavailable: tuple[tuple[str, str, bool], ...]
+    chain_cases: dict[str, ChainCasePlan]
+    greedy_cases: dict[str, str]
+    n_assertions: int
+    battery_alpha: float
+    device_alpha: float
+    device_steps: int
+    device_note: str | None
+    suite_targets: tuple[str, ...]
+    units: tuple[Unit, ...]
+
+    @property
+    def per_assertion_alpha(self) -> float:
+        """Each battery assertion's significance level."""
+        return self.battery_alpha / self.n_assertions
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON-able form (tuples as lists)."""
+        data: dict[str, Any] = dataclasses.asdict(self)
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> PlanRecord:
+        """Inverse of :meth:`to_json`.
+
+        Raises:
+            ValueError: another plan version, or missing fields.
+        """
+        if data.get("plan_version") != PLAN_VERSION:
+            raise ValueError(
+                f"plan: version {data.get('plan_version')!r}, this losslessness reads "
+                f"{PLAN_VERSION!r}"
+            )
+        try:
+            return cls(
+                plan_version=data["plan_version"],
+                config=RunConfig.from_json(data["config"]),
+                targets=tuple(
+                    (str(name), str(text), bool(block)) for name, text, block in data["targets"]
+                ),
+                unavailable=tuple(
+                    (str(name), str(why), bool(named)) for name, why, named in data["unavailable"]
+                ),
+                chain_cases={
+                    case_id: ChainCasePlan(**grid) for case_id, grid in data["chain_cases"].items()
+                },
+                greedy_cases=dict(data["greedy_cases"]),
+                n_assertions=int(data["n_assertions"]),
+                battery_alpha=float(data["battery_alpha"]),
+                device_alpha=float(data["device_alpha"]),
+                device_steps=int(data["device_steps"]),
+                device_note=data["device_note"],
+                suite_targets=tuple(data["suite_targets"]),
+                units=tuple(Unit(**unit) for unit in data["units"]),
+            )
+        except (KeyError, TypeError) as error:
+            raise ValueError(
+                f"plan: not a plan record of version {PLAN_VERSION}: {error}"
+            ) from error
+
+    @property
+    def fingerprint(self) -> str:
+        """SHA-256 of the canonical JSON form."""
+        text = json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()
+
+
+@dataclass
+class RunPlan:
+    """A plan with what only the planning process holds: the loaded adapters, the battery's
+    cases and the end-to-end plans (exact laws).
+
+    Attributes:
+        record: the plain-data plan (:class:`PlanRecord`).
+        adapters: loaded adapters, in grid order.
+        chain_cases, greedy_cases: the battery cases the run samples.
+        end_to_end: each target's end-to-end plans, by target name.
+    """
+
+    record: PlanRecord
+    adapters: list[Adapter]
+    chain_cases: list[ChainCase]
+    greedy_cases: list[GreedyCase]
+    end_to_end: dict[str, list[EndToEndPlan]] = field(default_factory=dict)
+
+    @property
+    def config(self) -> RunConfig:
+        """The design."""
+        return self.record.config
+
+    @property
+    def units(self) -> tuple[Unit, ...]:
+        """The grid."""
+        return self.record.units
+
+    @property
+    def fingerprint(self) -> str:
+        """The plan record's fingerprint."""
+        return self.record.fingerprint
+
+    def adapter(self, name: str) -> Adapter:
+        """The loaded adapter called ``name``.
+
+        Raises:
+            KeyError: no loaded target has that name.
+        """
+        for adapter in self.adapters:
+            if adapter.name == name:
+                return adapter
+        raise KeyError(f"target: {name!r} is not a loaded target of this plan")
+
+    def planned_steps(self, units: Sequence[Unit] | None = None) -> int:
+        """Verification steps (batch rows) and sequences the run's sampled units (or
+        ``units``) will draw."""
+        cases = {case.case_id: case for case in self.chain_cases}
+        greedy = {case.case_id: case for case in self.greedy_cases}
+        e2e = {
+            (name, entry.target.name): entry
+            for name, entries in self.end_to_end.items()
+            for entry in entries
+        }
+        total = 0
+        for unit in self.units if units is None else units:
+            if unit.kind == "chain":
+                total += unit.steps * cases[unit.case_id].n_rows
+            elif unit.kind == "greedy":
+                total += greedy[unit.case_id].batch_size
+            elif unit.kind == "end-to-end":
+                total += e2e[(unit.target, unit.case_id)].planned_runs
+        return total
+
+
+def resolve_targets(
+    names: Sequence[str], greedy: bool = False
+) -> tuple[list[Adapter], list[UnavailableTarget]]:
+    """Load targets by name (registered adapters or ``pkg.module:callable``); every registered
+    adapter when ``names`` is empty.
+
+    Returns:
+        (adapters that loaded, in order; targets that did not, with the reason).
+
+    Raises:
+        ValueError: naming ``targets``: a name that matches nothing, or repeated names.
+    """
+    wanted = list(names) or sorted(registered_adapters())
+    if len(set(wanted)) != len(wanted):
+        raise ValueError(f"targets: names repeat: {wanted}")
+    loaded: list[Adapter] = []
+    unavailable: list[UnavailableTarget] = []
+    for name in wanted:
+        try:
+            loaded.append(resolve_adapter(name, greedy=greedy))
+        except AdapterNotFound as error:
+            raise ValueError(f"targets: {error}") from error
+        except AdapterUnavailable as error:
+            unavailable.append(UnavailableTarget(name, str(error), named=bool(names)))
+    return loaded, unavailable
+
+
+def end_to_end_check_ids(target: EndToEndTarget) -> tuple[str, str]:
+    """The check ids an end-to-end target is audited with (its law check, drafts-accepted)."""
+    law = SEQUENCE_GREEDY_CHECK_ID if target.greedy else SEQUENCE_LAW_CHECK_ID
+    return law, DRAFTS_ACCEPTED_CHECK_ID
+
+
+def select_cases(
+    config: RunConfig, adapters: Sequence[Adapter] = ()
+) -> tuple[list[ChainCase], list[GreedyCase], dict[str, list[EndToEndTarget]]]:
+    """The battery's chain and greedy cases and each adapter's end-to-end targets that the run
+    covers (``config.cases`` and ``config.only``).
+
+    Raises:
+        ValueError: naming ``cases``: ids that are neither battery cases nor end-to-end targets.
+    """
+    chain = default_chain_battery()
+    greedy = default_greedy_battery()
+    if config.cases:
+        known = {case.case_id for case in chain} | {case.case_id for case in greedy}
+        known |= {target.name for adapter in adapters for target in adapter.end_to_end}
+        unknown = sorted(set(config.cases) - known)
+        if unknown:
+            raise ValueError(f"cases: unknown case ids {unknown}; known: {sorted(known)}")
+        chain = [case for case in chain if case.case_id in config.cases]
+        greedy = [case for case in greedy if case.case_id in config.cases]
+    if not any(config.selects(check_id) for check_id in CHAIN_CHECK_IDS):
+        chain = []
+    if not config.selects(GREEDY_CHECK_ID):
+        greedy = []
+    end_to_end = {
+        adapter.name: [
+            target
+            for target in adapter.end_to_end
+            if (not config.cases or target.name in config.cases)
+            and any(config.selects(check_id) for check_id in end_to_end_check_ids(target))
+        ]
+        for adapter in adapters
+    }
+    return chain, greedy, end_to_end
+
+
+def _chain_case_plan(case: ChainCase, config: RunConfig, alpha: float) -> ChainCasePlan:
+    ci = plan_case(case, config.tv, alpha, config.power, config.max_steps)
+    if config.steps is not None:
+        ci = CasePlan(config.steps, config.steps, False)
+        n_steps = config.steps
+    else:
+        n_steps = max(1, math.ceil(ci.n_steps * config.budget))
+    return ChainCasePlan(
+        case_id=case.case_id,
+        case_hash=case.case_hash,
+        ci_steps=ci.n_steps,
+        needed_steps=ci.needed_steps,
+        capped=ci.capped,
+        n_steps=n_steps,
+        chunk_steps=min(config.chunk_steps or n_steps, n_steps),
+        steps_per_call=rows_per_call(case),
+        seed=derive_seed(config.seed, "chain", case.case_hash),
+    )
+
+
+def plan_run(
+    config: RunConfig,
+    targets: Sequence[Adapter | UnavailableTarget],
+    device_note: str | None = None,
+) -> RunPlan:
+    """Count the run's assertions, split its budget, size every case and lay out the grid.
+
+    Args:
+        config: the design.
+        targets: loaded adapters and targets that did not load (recorded).
+        device_note: why the device checks cannot run here, when they cannot (None: they can).
+
+    Returns:
+        :class:`RunPlan`.
+
+    Raises:
+        ValueError: repeated target names, or unknown case ids (naming ``cases``).
+    """
+    adapters = [target for target in targets if isinstance(target, Adapter)]
+    unavailable = [target for target in targets if isinstance(target, UnavailableTarget)]
+    names = [adapter.name for adapter in adapters]
+    if len(set(names)) != len(names):
+        raise ValueError(f"targets: names repeat: {names}")
+    chain, greedy, end_to_end = select_cases(config, adapters)
+    chain_targets = [adapter for adapter in adapters if adapter.chain is not None]
+    if not chain_targets:
+        chain = []
+    if not any(adapter.greedy is not None for adapter in adapters):
+        greedy = []
+    selected = tuple(c for c in STATISTICAL_CHAIN_CHECK_IDS if config.selects(c))
+    n_assertions = len(chain_targets) * sum(
+        count_statistical_assertions(case, rows_per_call(case), selected)
+        for case in chain
+        if selected
+    )
+    if config.selects(SEQUENCE_LAW_CHECK_ID):
+        # One identity test per sampled end-to-end target; greedy and drafts-accepted are exact.
+        n_assertions += sum(not t.greedy for entries in end_to_end.values() for t in entries)
+    with_device = config.device_checks and device_note is None
+    device_alpha = config.family_wise_alpha / (len(adapters) + 1) if with_device else 0.0
+    budget = ErrorBudget(max(1, n_assertions), config.family_wise_alpha - device_alpha)
+    alpha = budget.per_assertion_alpha
+    case_plans = {case.case_id: _chain_case_plan(case, config, alpha) for case in chain}
+    e2e_plans = {
+        name: [plan_end_to_end(target, config, alpha) for target in entries]
+        for name, entries in end_to_end.items()
+    }
+    if not config.suite:
+        suite_targets: list[str] = []
+    elif config.suite_targets is None:
+        suite_targets = [a.name for a in adapters if a.chain is not None or a.greedy is not None]
+    else:
+        # Suite targets that are not loaded run targets are dropped (the device defaults name
+        # ``reference``, which ``--targets`` may leave out); the CLI rejects explicit unknowns.
+        suite_targets = [name for name in config.suite_targets if name in names]
+    units: list[Unit] = []
+
+    def add(kind: str, target: str, case_id: str = "", chunk: int = 0, steps: int = 0) -> None:
+        units.append(Unit(len(units), kind, target, case_id, chunk, steps))
+
+    for adapter in adapters:
+        if adapter.chain is not None:
+            for case in chain:
+                grid = case_plans[case.case_id]
+                for chunk in range(grid.n_chunks):
+                    add("chain", adapter.name, case.case_id, chunk, grid.chunk_size(chunk))
+        if adapter.greedy is not None:
+            for greedy_case in greedy:
+                add("greedy", adapter.name, greedy_case.case_id)
+        for entry in e2e_plans.get(adapter.name, []):
+            add("end-to-end", adapter.name, entry.target.name)
+    if with_device:
+        add("device", config.device)
+    for name in suite_targets:
+        add("suite", name)
+    record = PlanRecord(
+        plan_version=PLAN_VERSION,
+        config=config,
+        targets=tuple(
+            (a.name, a.description, bool(getattr(a.chain, "block_decisions", False)))
+            for a in adapters
+        ),
+        unavailable=tuple((t.name, t.reason, t.named) for t in unavailable),
+        chain_cases=case_plans,
+        greedy_cases={case.case_id: case.case_hash for case in greedy},
+        n_assertions=budget.n_assertions,
+        battery_alpha=budget.family_wise_alpha,
+        device_alpha=device_alpha,
+        device_steps=max(1, math.ceil(DEVICE_CI_STEPS * config.budget)),
+        device_note=None
+        if with_device
+        else (device_note if config.device_checks else "device checks not requested"),
+        suite_targets=tuple(suite_targets),
+        units=tuple(units),
+    )
+    return RunPlan(record, adapters, chain, greedy, e2e_plans)
+
+
+__all__ = [
+    "DEVICE_CI_STEPS",
+    "MIN_STEPS",
+    "PLAN_VERSION",
+    "UNIT_KINDS",
+    "CasePlan",
+    "ChainCasePlan",
+    "PlanRecord",
+    "RunPlan",
+    "UnavailableTarget",
+    "Unit",
+    "end_to_end_check_ids",
+    "plan_case",
+    "plan_run",
+    "resolve_targets",
+    "select_cases",
+]
