@@ -121,7 +121,7 @@ def ours_detects(
         One bool per rate, in order: whether ours reports a loss.
     """
     case = samples.case
-    assertions = max(1, count_statistical_assertions(case))
+    assertions = max(1, count_statistical_assertions(case, samples.steps_per_call))
     largest = max(family_wise_alphas)
     context = CheckContext.for_case(
         target, case, alpha=largest / assertions, power=POWER, tv=DESIGN_TV, seed=seed

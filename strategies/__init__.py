@@ -23,8 +23,6 @@ Hypothesis chooses cases only; random samples come from generators the tests see
 
 from strategies.cases import (
     VERIFY_DTYPES,
-    ChainCaseTensors,
-    GreedyCaseTensors,
     VerifyCase,
     chain_cases,
     greedy_cases,
@@ -42,17 +40,17 @@ from strategies.distributions import (
     target_draft_pairs,
 )
 from strategies.logits import LOGIT_SCALES, logits_vectors
+from strategies.parameters import (
+    SamplingParameters,
+    apply_sampling_parameters,
+    sampling_parameters,
+)
 from strategies.profiles import (
     PROFILE_ENV_VAR,
     PROFILES,
     add_profile_option,
     configure_profile,
     load_profile,
-)
-from strategies.sampling import (
-    SamplingParameters,
-    apply_sampling_parameters,
-    sampling_parameters,
 )
 
 __all__ = [
@@ -63,8 +61,6 @@ __all__ = [
     "REGIMES",
     "RELATIONS",
     "VERIFY_DTYPES",
-    "ChainCaseTensors",
-    "GreedyCaseTensors",
     "LabelFrequencies",
     "SamplingParameters",
     "VerifyCase",

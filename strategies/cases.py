@@ -10,7 +10,7 @@ random samples (DESIGN.md section 5).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -19,6 +19,7 @@ from hypothesis.errors import InvalidArgument
 from hypothesis.strategies import SearchStrategy
 from numpy.typing import NDArray
 
+from losslessness.cases import CaseShape, ChainCase, GreedyCase
 from strategies._common import (
     batch_window,
     check_choices,
@@ -44,15 +45,13 @@ from strategies.logits import (
     UNIT_SCALE_TOP_LOGITS,
     draw_logits,
 )
-from strategies.sampling import SamplingParameters, apply_sampling_parameters, sampling_parameters
+from strategies.parameters import SamplingParameters, apply_sampling_parameters, sampling_parameters
 
 __all__ = [
     "GREEDY_DRAFT_MODES",
     "GREEDY_MAX_TIES",
     "GREEDY_TOP_LOGITS",
     "VERIFY_DTYPES",
-    "ChainCaseTensors",
-    "GreedyCaseTensors",
     "VerifyCase",
     "chain_cases",
     "greedy_cases",
@@ -90,62 +89,8 @@ VERIFY_DTYPES: tuple[torch.dtype, ...] = (
 """Default dtypes of :func:`verify_cases` (drawn uniformly; shrinks towards float32)."""
 
 
-class ChainCaseTensors(NamedTuple):
-    """Inputs of a chain verifier call, less the drafts (the caller draws ``d_i ~ q_i``).
-
-    Attributes:
-        target_probs: ``[B, k+1, V]`` float64, rows summing to 1 within 1e-12.
-        draft_probs: ``[B, k, V]`` float64, rows summing to 1 within 1e-12.
-    """
-
-    target_probs: torch.Tensor
-    draft_probs: torch.Tensor
-
-    @property
-    def batch_size(self) -> int:
-        """``B``."""
-        return int(self.target_probs.shape[0])
-
-    @property
-    def k(self) -> int:
-        """Draft length ``k``."""
-        return int(self.draft_probs.shape[1])
-
-    @property
-    def vocab_size(self) -> int:
-        """``V``."""
-        return int(self.target_probs.shape[2])
-
-
-class GreedyCaseTensors(NamedTuple):
-    """Inputs of a greedy verifier call.
-
-    Attributes:
-        target_logits: ``[B, k+1, V]`` float64; no NaN or ``+inf``; ``-inf`` allowed but never
-            a whole row; finite values exact in float32.
-        draft_token_ids: ``[B, k]`` int64 in ``[0, V)``.
-    """
-
-    target_logits: torch.Tensor
-    draft_token_ids: torch.Tensor
-
-    @property
-    def batch_size(self) -> int:
-        """``B``."""
-        return int(self.target_logits.shape[0])
-
-    @property
-    def k(self) -> int:
-        """Draft length ``k``."""
-        return int(self.draft_token_ids.shape[1])
-
-    @property
-    def vocab_size(self) -> int:
-        """``V``."""
-        return int(self.target_logits.shape[2])
-
-
-class VerifyCase(NamedTuple):
+@dataclass(frozen=True)
+class VerifyCase(CaseShape):
     """A chain verifier case in a drawn dtype, with the float64 law its cast rows stand for.
 
     Attributes:
@@ -158,7 +103,7 @@ class VerifyCase(NamedTuple):
             should follow; zero exactly where the cast rows are.
         draft_probs64: ``[B, k, V]`` float64: likewise for ``draft_probs``; draw the drafts
             ``d_i`` from it.
-        sampling: the :class:`~strategies.sampling.SamplingParameters` applied identically to
+        sampling: the :class:`~strategies.parameters.SamplingParameters` applied identically to
             the target's and the draft's logits (``log p``, ``log q``), or None.
     """
 
@@ -169,19 +114,10 @@ class VerifyCase(NamedTuple):
     sampling: SamplingParameters | None
 
     @property
-    def batch_size(self) -> int:
-        """``B``."""
-        return int(self.target_probs.shape[0])
-
-    @property
-    def k(self) -> int:
-        """Draft length ``k``."""
-        return int(self.draft_probs.shape[1])
-
-    @property
-    def vocab_size(self) -> int:
-        """``V``."""
-        return int(self.target_probs.shape[2])
+    def target_shape(self) -> tuple[int, int, int]:
+        """``(B, k+1, V)`` of :attr:`target_probs`."""
+        batch, width, vocab = self.target_probs.shape
+        return int(batch), int(width), int(vocab)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -273,7 +209,7 @@ def chain_cases(
     min_k: int = 0,
     regimes: Sequence[str] | None = None,
     relations: Sequence[str] | None = None,
-) -> SearchStrategy[ChainCaseTensors]:
+) -> SearchStrategy[ChainCase]:
     """Chain verifier cases: ``B`` rows of ``p_0..p_k`` and ``q_0..q_{k-1}``, float64.
 
     ``V`` is drawn in ``[min_vocab, max_vocab]``, ``k`` in ``[min_k, max_k]`` and ``B`` in
@@ -298,7 +234,7 @@ def chain_cases(
             from, or None for all of them (those needing two tokens are left out at ``V == 1``).
 
     Returns:
-        A strategy of :class:`ChainCaseTensors`: ``target_probs [B, k+1, V]`` and
+        A strategy of :class:`ChainCase`: ``target_probs [B, k+1, V]`` and
         ``draft_probs [B, k, V]``, float64 CPU tensors whose rows are non-negative, have
         positive mass and sum to 1 within 1e-12.
 
@@ -314,12 +250,13 @@ def chain_cases(
     )
 
     @st.composite
-    def cases(draw: st.DrawFn) -> ChainCaseTensors:
+    def cases(draw: st.DrawFn) -> ChainCase:
         vocab = draw(st.integers(vocab_low, vocab_high))
         k = draw(st.integers(k_low, k_high))
         target, draft = _draw_rows(draw, batch_high, k, vocab, chosen_regimes, chosen_relations)
         label(f"chain k={k}")
-        return ChainCaseTensors(torch.from_numpy(target), torch.from_numpy(draft))
+        summary = f"V={vocab} k={k} B={target.shape[0]}"
+        return ChainCase("hypothesis", summary, torch.from_numpy(target), torch.from_numpy(draft))
 
     return cases()
 
@@ -362,7 +299,7 @@ def greedy_cases(
     min_vocab: int = 1,
     min_k: int = 0,
     max_logit_magnitude: float = DEFAULT_MAX_LOGIT_MAGNITUDE,
-) -> SearchStrategy[GreedyCaseTensors]:
+) -> SearchStrategy[GreedyCase]:
     """Greedy verifier cases with exact ties at the maximum, masked (``-inf``) and large logits.
 
     ``V`` is drawn in ``[min_vocab, max_vocab]``, ``k`` in ``[min_k, max_k]``, ``B`` in
@@ -383,7 +320,7 @@ def greedy_cases(
         max_logit_magnitude: bound on ``|logit|`` of finite logits, in ``[1, 2**22]``.
 
     Returns:
-        A strategy of :class:`GreedyCaseTensors`: ``target_logits [B, k+1, V]`` float64 and
+        A strategy of :class:`GreedyCase`: ``target_logits [B, k+1, V]`` float64 and
         ``draft_token_ids [B, k]`` int64 in ``[0, V)``, CPU tensors.
 
     Raises:
@@ -397,7 +334,7 @@ def greedy_cases(
     magnitude = check_float(max_logit_magnitude, "max_logit_magnitude", 1.0, MAX_LOGIT_MAGNITUDE)
 
     @st.composite
-    def cases(draw: st.DrawFn) -> GreedyCaseTensors:
+    def cases(draw: st.DrawFn) -> GreedyCase:
         vocab = draw(st.integers(vocab_low, vocab_high))
         k = draw(st.integers(k_low, k_high))
         batch, start = batch_window(draw, batch_high)
@@ -408,7 +345,10 @@ def greedy_cases(
         rows = rows[start:]
         logits = np.stack([row[0] for row in rows])
         drafts = np.stack([row[1] for row in rows])
-        return GreedyCaseTensors(torch.from_numpy(logits), torch.from_numpy(drafts))
+        summary = f"V={vocab} k={k} B={logits.shape[0]}"
+        return GreedyCase(
+            "hypothesis", summary, torch.from_numpy(logits), torch.from_numpy(drafts)
+        )
 
     return cases()
 
@@ -453,7 +393,7 @@ def verify_cases(
         regimes: as in :func:`chain_cases`.
         relations: as in :func:`chain_cases`.
         sampling: strategy of ``SamplingParameters | None``; None means ``st.none() |``
-            :func:`strategies.sampling.sampling_parameters` (parameters half the time).
+            :func:`strategies.parameters.sampling_parameters` (parameters half the time).
 
     Returns:
         A strategy of :class:`VerifyCase`.

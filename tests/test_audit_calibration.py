@@ -9,6 +9,8 @@ seeds it is deterministic). Measured rates are printed (``pytest -s``) for the c
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from scipy import stats
@@ -83,7 +85,9 @@ def test_budget_is_split_over_exactly_the_statistical_assertions() -> None:
     """Bonferroni bookkeeping: the run's statistical results number n_assertions, each at
     family_wise_alpha / n_assertions, so their levels sum to the family-wise rate."""
     config = AuditConfig(cases=("v2-tilted", "v64-zeros", "edge-one-hot", "edge-disjoint"))
-    result = run_audit([resolve_adapter("reference"), resolve_adapter("reference")], config)
+    reference = resolve_adapter("reference")
+    twin = dataclasses.replace(reference, name="reference-twin")
+    result = run_audit([reference, twin], config)
     statistical = [
         c
         for t in result.targets

@@ -179,13 +179,26 @@ def test_replay_command_reproduces_the_p_value(tmp_path: Path) -> None:
     assert replayed["seed"] == original["seed"]
 
 
-def test_plan_prints_sample_sizes() -> None:
-    """``losslessness plan`` prints per-position sample sizes and the steps a run needs."""
-    result = run_cli("plan", "--tv", "0.05", "--vocab", "100", "--k", "2", "--alpha", "1e-3")
-    assert result.exit_code == 0, result.output
-    assert "verify steps needed" in result.output
-    steps = int(re.search(r"verify steps needed: (\d+)", result.output).group(1))  # type: ignore[union-attr]
-    assert steps > 1000
+def test_plan_prints_exactly_what_the_audit_then_does(tmp_path: Path) -> None:
+    """``losslessness plan`` calls the run's own planner: the assertions, the per-assertion
+    alpha and every case's steps it prints are those the audit with the same options uses."""
+    options = ["reference", "--case", "v2-tilted", "--case", "v64-zeros", "--tv", "0.1"]
+    plan = run_cli("plan", *options)
+    assert plan.exit_code == 0, plan.output
+    out = tmp_path / "audit.json"
+    audit = run_cli("audit", *options, "--no-progress", "--json", str(out))
+    assert audit.exit_code == 0, audit.output
+    record = json.loads(out.read_text())
+    assert f"{record['n_assertions']} statistical assertions" in plan.output
+    assert f"alpha {record['per_assertion_alpha']:.3g} each" in plan.output
+    steps = {c["case_id"]: c["details"]["steps"] for c in record["targets"][0]["checks"]}
+    rows = {
+        cells[0]: cells
+        for line in plan.output.splitlines()
+        if (cells := [cell.strip() for cell in line.strip("│ ").split("│")])[0] in steps
+    }
+    for case_id, n in steps.items():
+        assert rows[case_id][7:9] == [str(n), "1"], (case_id, rows[case_id])
 
 
 def test_list_shows_adapters_and_cases() -> None:

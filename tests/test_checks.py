@@ -132,7 +132,7 @@ def test_independence_flags_paired_rows_that_copy_each_other() -> None:
         "dense",
         "V=6 k=1",
         torch.full((1, 2, 6), 1 / 6, dtype=torch.float64),
-        torch.full((1, 1, 6), 1 / 6, dtype=torch.float64),
+        torch.tensor([[[0.5, 0.1, 0.1, 0.1, 0.1, 0.1]]], dtype=torch.float64),
     )
     samples = sample_chain(verify, case, 4000, seed=9)
     (clean,) = check_row_independence(samples, CONTEXT)

@@ -22,6 +22,7 @@ from losslessness.cli import main
 from losslessness.design import AuditConfig
 from losslessness.engine import plan_run, run_audit
 from losslessness.engine.battery import default_chain_battery
+from losslessness.engine.draw import rows_per_call
 from losslessness.reference.decoding import SpeculativeDecoder
 from losslessness.reference.proposers import DraftModelProposer, Proposal, one_hot_rows
 from losslessness.reference.toy import MarkovLM
@@ -95,11 +96,13 @@ def test_sequence_law_assertions_share_the_bonferroni_budget_with_chain_checks()
     """Planned together, the reference's chain assertions and the toy's two sampled targets
     split one family-wise rate; sequence-law is one assertion per sampled target."""
     config = AuditConfig(tv=0.1)
-    plan = plan_run([reference_adapter, adapter()], config)
-    chain = sum(count_statistical_assertions(case) for case in default_chain_battery())
-    assert plan.budget.n_assertions == chain + 2
-    only = plan_run([reference_adapter, adapter()], AuditConfig(only=("sequence-law",)))
-    assert only.budget.n_assertions == 2 and not only.chain_cases
+    plan = plan_run(config, [reference_adapter, adapter()])
+    chain = sum(
+        count_statistical_assertions(case, rows_per_call(case)) for case in default_chain_battery()
+    )
+    assert plan.record.n_assertions == chain + 2
+    only = plan_run(AuditConfig(only=("sequence-law",)), [reference_adapter, adapter()])
+    assert only.record.n_assertions == 2 and not only.chain_cases
 
 
 class NeverRight:

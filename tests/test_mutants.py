@@ -24,7 +24,7 @@ from losslessness.checks import check_greedy, run_chain_checks
 from losslessness.cli import main
 from losslessness.design import AuditConfig
 from losslessness.engine import run_audit
-from losslessness.engine.draw import sample_chain
+from losslessness.engine.draw import sample_chain, sample_greedy
 from losslessness.results import CheckContext, TargetVerdict, Verdict
 
 CASE_STEPS = 4000
@@ -101,7 +101,8 @@ def test_mutant_case_shows_its_mechanism(name: str) -> None:
         results = run_chain_checks(samples, context)
     else:
         assert entry.adapter.greedy is not None
-        results = [check_greedy(entry.adapter.greedy, entry.case, context)]
+        outputs = sample_greedy(entry.adapter.greedy, entry.case)
+        results = [check_greedy(outputs, entry.case, context)]
     lossy = [f"{r.check_id} {r.where}" for r in results if r.verdict is Verdict.LOSSY]
     assert bool(lossy) == entry.lossy, lossy
 

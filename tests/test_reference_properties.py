@@ -48,6 +48,7 @@ import torch
 from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
+from losslessness.cases import ChainCase, GreedyCase
 from losslessness.protocol import PLACEHOLDER
 from losslessness.reference import (
     chain_laws,
@@ -67,8 +68,6 @@ from losslessness.stats import (
     minimum_detectable_tv,
 )
 from strategies import (
-    ChainCaseTensors,
-    GreedyCaseTensors,
     chain_cases,
     greedy_cases,
     probability_vectors,
@@ -132,7 +131,7 @@ def _case_seed(check: str, *tensors: torch.Tensor) -> int:
     return seed
 
 
-def _repeat_rows(case: ChainCaseTensors, steps: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _repeat_rows(case: ChainCase, steps: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``[B * steps, k+1, V]`` and ``[B * steps, k, V]``: each row type repeated ``steps`` times
     consecutively (row type ``b`` occupies rows ``b * steps .. (b + 1) * steps - 1``)."""
     return (
@@ -181,7 +180,7 @@ def _assert_chain_structure(
 @settings(deadline=None)
 @given(case=chain_cases())
 def test_reference_chain_output_has_protocol_structure_and_never_emits_p_zero_tokens(
-    case: ChainCaseTensors,
+    case: ChainCase,
 ) -> None:
     """Exact, on every one of ``B x 1000`` steps: shape ``[N, k+1]`` int64, 1..k+1 tokens
     left-aligned with -1 after, ids in ``[0, V)``, accepted prefix equal to the drafts, and no
@@ -198,7 +197,7 @@ def test_reference_chain_output_has_protocol_structure_and_never_emits_p_zero_to
 @settings(max_examples=PROFILE_MAX_EXAMPLES, deadline=None)
 @given(case=chain_cases(max_vocab=MAX_VOCAB, max_k=MAX_K, max_batch=MAX_BATCH))
 def test_reference_chain_emits_p_i_at_every_reached_position_and_accepts_at_sum_min_pq(
-    case: ChainCaseTensors,
+    case: ChainCase,
 ) -> None:
     """Statistical, at the per-assertion level :data:`ALPHA`: among steps reaching position
     i, the emitted token follows p_i (identity test, exact on p = 0), and d_i is accepted at
@@ -253,7 +252,7 @@ def test_reference_chain_emits_p_i_at_every_reached_position_and_accepts_at_sum_
 @settings(deadline=None)
 @given(case=chain_cases())
 def test_verify_equals_verify_with_uniforms_fed_the_generators_own_uniforms(
-    case: ChainCaseTensors,
+    case: ChainCase,
 ) -> None:
     """Exact: ``verify(g)`` equals ``verify_with_uniforms`` given ``B*k`` accept uniforms then
     ``B`` sampling uniforms (float64) drawn from a generator in the same state, and ``verify``
@@ -293,7 +292,7 @@ def _greedy_decode(logits: list[list[float]], drafts: list[int]) -> list[int]:
 @settings(deadline=None)
 @given(case=greedy_cases())
 def test_verify_greedy_equals_python_argmax_decoding_including_ties_and_masked_tokens(
-    case: GreedyCaseTensors,
+    case: GreedyCase,
 ) -> None:
     """Exact: ``verify_greedy`` equals a per-row Python greedy loop token for token, with ties
     at the maximum going to the lowest index and ``-inf`` logits, in float64 and float32 (the
@@ -310,7 +309,7 @@ def test_verify_greedy_equals_python_argmax_decoding_including_ties_and_masked_t
 @settings(deadline=None)
 @given(case=chain_cases())
 def test_chain_laws_lengths_sum_to_1_and_acceptance_equals_1_minus_tv(
-    case: ChainCaseTensors,
+    case: ChainCase,
 ) -> None:
     """Exact (1e-12): per row, ``accepted_length`` sums to 1; ``reach`` starts at 1 and is the
     running product of ``acceptance``; ``sum(reach)`` is the expected number of emitted tokens;
@@ -380,7 +379,7 @@ def test_reference_accepts_no_draft_when_supports_are_disjoint(
     hot=st.data(),
 )
 def test_reference_always_emits_the_token_of_a_one_hot_target(
-    case: ChainCaseTensors, hot: st.DataObject
+    case: ChainCase, hot: st.DataObject
 ) -> None:
     """Exact (DESIGN.md section 4, item 4): where p_i is one-hot at token t, every step that
     reaches position i emits t there, whatever the draft."""
@@ -390,7 +389,7 @@ def test_reference_always_emits_the_token_of_a_one_hot_target(
     target_types = case.target_probs.clone()
     target_types[:, position] = 0.0
     target_types[:, position, token] = 1.0
-    one_hot_case = ChainCaseTensors(target_types, case.draft_probs)
+    one_hot_case = ChainCase("one-hot", "one-hot target rows", target_types, case.draft_probs)
     target, draft = _repeat_rows(one_hot_case, EDGE_CASE_STEPS)
     generator = torch.Generator().manual_seed(_case_seed("one-hot", target_types, case.draft_probs))
     ids = _draw_drafts(draft, generator)

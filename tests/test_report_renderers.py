@@ -239,7 +239,9 @@ def test_junit_conforms_to_junit_10_xsd_with_one_testcase_per_check_and_counts(
             assert numbers["seed"] == str(check.seed)
             assert float(numbers["min_detectable_tv"]) == check.min_detectable_tv
             assert {"alpha", "power", "p_value", "verdict"} <= numbers.keys()
-    assert int(root.get("failures", -1)) == 2  # residual_is_target: law at positions 0 and 1
+    # residual_is_target: law at positions 0 and 1, and structure (a rejected draft emitted as
+    # its own replacement, which the residual p allows and norm(max(0, p - q)) never does).
+    assert int(root.get("failures", -1)) == 3
     crashed = suites[2].findall("testcase")
     assert crashed and all(case.find("error") is not None for case in crashed)
     assert "\\x1b" in (crashed[0].find("error").get("message") or "")  # type: ignore[union-attr]
@@ -328,8 +330,8 @@ def test_steady_history_flags_nothing(result: AuditResult) -> None:
 
 
 def test_trends_flag_a_new_failure_only_where_the_last_run_passed(result: AuditResult) -> None:
-    """The two LOSSY law checks are new failures when they passed last night, and not when
-    they already failed then (even if they passed before)."""
+    """The three LOSSY checks (structure, law at positions 0 and 1) are new failures when they
+    passed last night, and not when they already failed then (even if they passed before)."""
 
     def passing(check: CheckResult) -> None:
         if check.verdict is Verdict.LOSSY:
@@ -338,7 +340,11 @@ def test_trends_flag_a_new_failure_only_where_the_last_run_passed(result: AuditR
     passed = _edit_checks(_copy(result, "2020-01-01T00:00:00+00:00"), passing)
     trends = compute_trends(result, [passed])
     flagged = [(t.key[0], t.key[1], t.key[3]) for t in trends.new_failures]
-    assert flagged == [("residual_is_target", "law", 0), ("residual_is_target", "law", 1)]
+    assert flagged == [
+        ("residual_is_target", "structure", None),
+        ("residual_is_target", "law", 0),
+        ("residual_is_target", "law", 1),
+    ]
     failed_last = _copy(result, "2020-01-02T00:00:00+00:00")
     assert not compute_trends(result, [passed, failed_last]).new_failures
 

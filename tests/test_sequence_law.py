@@ -9,12 +9,19 @@ from __future__ import annotations
 import pytest
 import torch
 
-from losslessness.checks import check_drafts_accepted, check_greedy_sequences, check_sequence_law
+from losslessness.checks import (
+    SequencePlan,
+    check_drafts_accepted,
+    check_greedy_sequences,
+    check_sequence_law,
+)
+from losslessness.checks.sequence_law import GREEDY_SEQUENCE_RUNS
+from losslessness.engine.draw import generate_sequences
 from losslessness.engine.end_to_end import plan_sequence_law
 from losslessness.reference.decoding import greedy_decode, sample_autoregressive
 from losslessness.reference.processing import SamplingParameters
 from losslessness.reference.toy import MarkovLM
-from losslessness.results import CheckContext, Verdict
+from losslessness.results import CheckContext, CheckResult, Verdict
 
 ALPHA = 1e-3
 """Significance level of every identity test here (one per test function)."""
@@ -59,9 +66,22 @@ def context(alpha: float = ALPHA) -> CheckContext:
     return CheckContext("crafted", "case", "crafted engine", "hash", alpha, 0.9, 0.1, SEED)
 
 
+def law_check(engine: object, plan: SequencePlan) -> tuple[CheckResult, float]:
+    """Generate the plan's sequences (as the engine's end-to-end unit does) and check them."""
+    sequences, inside = generate_sequences(engine, PROMPT, plan.law.new_tokens, plan.n, SEED)  # type: ignore[arg-type]
+    return check_sequence_law(sequences, plan, context()), inside
+
+
+def greedy_check(engine: PlainSampler, new_tokens: int) -> CheckResult:
+    """Generate the greedy runs and compare them with greedy decoding of the target's law."""
+    sequences, _ = generate_sequences(engine, PROMPT, new_tokens, GREEDY_SEQUENCE_RUNS, SEED)
+    expected = greedy_decode(engine.next_token_probs, PROMPT, new_tokens)
+    return check_greedy_sequences(sequences, expected, context())
+
+
 def run(engine: PlainSampler, tv: float = 0.1, max_sequences: int = 50_000) -> tuple:  # type: ignore[type-arg]
     plan = plan_sequence_law(engine, PROMPT, 3, tv, ALPHA, 0.9, max_sequences)
-    result, inside = check_sequence_law(engine, PROMPT, plan, context())
+    result, inside = law_check(engine, plan)
     return plan, result, inside
 
 
@@ -105,7 +125,7 @@ def test_malformed_output_is_lossy_with_the_seed() -> None:
             "generate": lambda self, prompt, n, seed: engine.generate(prompt, n - 1, seed),
         },
     )()
-    result, _ = check_sequence_law(short, PROMPT, plan, context())
+    result, _ = law_check(short, plan)
     assert result.verdict is Verdict.LOSSY
     assert result.message.startswith(f"malformed output: generate(seed={SEED}) returned 2 tokens")
 
@@ -131,7 +151,7 @@ def test_capped_plan_reports_what_it_can_detect() -> None:
 def test_greedy_engine_equal_to_greedy_decoding_passes() -> None:
     """32 runs, all equal to argmax decoding of the target's law."""
     engine = PlainSampler(TARGET_SAMPLING, greedy=True)
-    result, _ = check_greedy_sequences(engine, PROMPT, 12, context())
+    result = greedy_check(engine, 12)
     assert result.verdict is Verdict.PASS and result.n == 32, result.message
 
 
@@ -142,7 +162,7 @@ def test_greedy_engine_with_another_argmax_is_lossy_at_the_first_difference() ->
     engine.model = MarkovLM.random(4, order=2, sharpness=1.5, seed=SEED + 1)
     reference = PlainSampler(TARGET_SAMPLING, greedy=True)
     engine.next_token_probs = reference.next_token_probs  # type: ignore[method-assign]
-    result, _ = check_greedy_sequences(engine, PROMPT, 12, context())
+    result = greedy_check(engine, 12)
     assert result.verdict is Verdict.LOSSY
     assert "32 of 32 runs differ from plain greedy decoding" in result.message
     assert "position" in result.message

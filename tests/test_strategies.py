@@ -30,6 +30,7 @@ from hypothesis.errors import InvalidArgument
 from hypothesis.strategies import SearchStrategy
 
 import strategies
+from losslessness.cases import ChainCase, GreedyCase
 from losslessness.protocol import validate_chain_inputs, validate_greedy_inputs
 from losslessness.reference import total_variation
 from strategies.distributions import (
@@ -184,7 +185,7 @@ def test_q_zero_where_p_positive_pairs_have_such_a_token(
 
 @given(strategies.chain_cases())
 def test_chain_cases_are_valid_chain_inputs_with_rows_normalised_within_1e_12(
-    case: strategies.ChainCaseTensors,
+    case: ChainCase,
 ) -> None:
     """Chain cases have shapes ``[B, k+1, V]`` / ``[B, k, V]`` within the maxima, float64 rows
     summing to 1 within 1e-12, and pass the protocol's validation (drafts at q's argmax)."""
@@ -202,7 +203,7 @@ def test_chain_cases_are_valid_chain_inputs_with_rows_normalised_within_1e_12(
 
 @given(strategies.greedy_cases())
 def test_greedy_cases_never_have_an_all_minus_inf_row_and_are_valid_greedy_inputs(
-    case: strategies.GreedyCaseTensors,
+    case: GreedyCase,
 ) -> None:
     """Greedy cases: no NaN or +inf, never a whole row of -inf, int64 ids in ``[0, V)``, and
     the protocol's validation accepts them."""
@@ -216,7 +217,7 @@ def test_greedy_cases_never_have_an_all_minus_inf_row_and_are_valid_greedy_input
     assert validate_greedy_inputs(logits, ids) == (case.batch_size, case.k, case.vocab_size)
 
 
-def _has_tied_non_lowest_draft(case: strategies.GreedyCaseTensors) -> bool:
+def _has_tied_non_lowest_draft(case: GreedyCase) -> bool:
     logits, ids = case
     for row, position in np.ndindex(*ids.shape):
         values = logits[row, position]
@@ -235,7 +236,7 @@ def test_greedy_cases_can_draft_a_tied_maximum_that_is_not_the_lowest_index() ->
 def test_greedy_cases_can_accept_every_draft_up_to_the_bonus() -> None:
     """Drafts equal to the lowest argmax at every position occur with ``k >= 2``."""
 
-    def all_lowest(case: strategies.GreedyCaseTensors) -> bool:
+    def all_lowest(case: GreedyCase) -> bool:
         logits, ids = case
         if case.k < 2:
             return False
@@ -248,7 +249,7 @@ def test_greedy_cases_can_accept_every_draft_up_to_the_bonus() -> None:
 def test_greedy_cases_can_mask_tokens_with_minus_inf() -> None:
     """Some logits are ``-inf`` (masked tokens) in some cases."""
 
-    def has_masked(case: strategies.GreedyCaseTensors) -> bool:
+    def has_masked(case: GreedyCase) -> bool:
         return bool((case.target_logits == -math.inf).any())
 
     assert has_masked(find(strategies.greedy_cases(), has_masked, settings=_FIND_SETTINGS))
@@ -704,7 +705,7 @@ def test_logits_vectors_reach(feature: str, predicate: object) -> None:
 def test_greedy_cases_reach_logits_of_magnitude_1000_and_stay_exact_in_float32() -> None:
     """Greedy cases use the large-magnitude logits too, still exact in float32."""
 
-    def large(case: strategies.GreedyCaseTensors) -> bool:
+    def large(case: GreedyCase) -> bool:
         finite = case.target_logits[torch.isfinite(case.target_logits)]
         return float(finite.abs().max()) >= 1e3
 
@@ -1029,7 +1030,7 @@ def test_a_chain_case_with_a_draft_that_is_never_accepted_shrinks_to_two_one_hot
     """A position with ``sum min(p, q) == 0`` shrinks to ``B = 1``, ``k = 1``, ``V = 2`` with
     one-hot p_0 and q_0 on different tokens."""
 
-    def never_accepted(case: strategies.ChainCaseTensors) -> bool:
+    def never_accepted(case: ChainCase) -> bool:
         overlap = torch.minimum(case.target_probs[:, :-1], case.draft_probs).sum(-1)
         return bool((overlap == 0).any())
 
@@ -1057,7 +1058,7 @@ def test_a_greedy_case_rejecting_its_first_draft_shrinks_to_two_tokens() -> None
     """A greedy case whose first draft is not the lowest argmax shrinks to ``B = 1``, ``k = 1``,
     ``V = 2`` (across the V = 8 / 9 boundary between drawn and seeded values)."""
 
-    def rejects_first(case: strategies.GreedyCaseTensors) -> bool:
+    def rejects_first(case: GreedyCase) -> bool:
         if case.k == 0:
             return False
         first = case.target_logits[:, 0]

@@ -47,10 +47,11 @@ def test_suite_passes_on_the_reference(profile: str, tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("verifier", "check", "min_vocab"),
     [
-        ("residual_is_target", "law", 2),
+        # The residual p can emit the rejected draft again: the exact structure check sees it.
+        ("residual_is_target", "law|structure", 2),
         ("bonus_from_wrong_row", "law", 2),
         ("ratio_inverted", "law", 2),
-        ("acceptance_never_stops", "law", 2),
+        ("acceptance_never_stops", "law|structure", 2),
         ("shared_random_stream", "law|independence", 2),
         ("clamp_target_at_floor", "law", 2),
         ("residual_truncated_to_top16", "law", 17),
@@ -68,7 +69,8 @@ def test_suite_fails_on_each_wrong_verifier_with_a_replayable_message(
     output = result.stdout
     assert result.returncode == 1, output + result.stderr
     match = re.search(
-        rf"losslessness: LOSSY ({check}) at position \d+, row \d+ \(V=(\d+) k=(\d+) B=(\d+)", output
+        rf"losslessness: LOSSY ({check})(?: at position \d+, row \d+)? \(V=(\d+) k=(\d+) B=(\d+)",
+        output,
     )
     assert match, output
     vocab, k, batch = (int(x) for x in match.groups()[1:])

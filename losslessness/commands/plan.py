@@ -7,12 +7,11 @@ import math
 from typing import Any
 
 import click
-from rich.console import Console
 from rich.table import Table
 
 from losslessness.checks import STATISTICAL_CHAIN_CHECK_IDS, count_statistical_assertions
 from losslessness.checks.assertions import case_laws, law_is_statistical
-from losslessness.commands.audit import resolve_named_targets
+from losslessness.commands.audit import report_console, resolve_named_targets
 from losslessness.commands.options import build_config, design_options
 from losslessness.engine import RunPlan, plan_run
 from losslessness.stats import identity_minimum_detectable_tv
@@ -56,7 +55,7 @@ def plan_command(
     except ValueError as error:
         raise click.UsageError(str(error)) from error
     record = plan.record
-    console = Console()
+    console = report_console()
     console.print(
         f"{record.n_assertions} statistical assertions, alpha {record.per_assertion_alpha:.3g} "
         f"each (family-wise {record.battery_alpha:g}); identity tests sized for TV >= "

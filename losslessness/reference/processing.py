@@ -2,7 +2,7 @@
 
 The one implementation of logits processing: the reference spec-decode loop
 (:mod:`losslessness.reference.decoding`) applies it identically to target and draft, and the
-Hypothesis strategies (:mod:`strategies.sampling`) draw parameters for it.
+Hypothesis strategies (:mod:`strategies.parameters`) draw parameters for it.
 
 :func:`apply_sampling_parameters` turns logits ``[..., V]`` into the float64 distribution a
 sampler draws from, applying the filters in the order of Hugging Face transformers'

@@ -6,17 +6,18 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 
+from losslessness.cases import GreedyCase
 from losslessness.engine.draw import ProtocolViolation, coerce_output
 from losslessness.pytest_plugin import SuiteTarget
 from losslessness.reference import verify_greedy
 from losslessness.suite.support import greedy_failure
-from strategies import GreedyCaseTensors, greedy_cases
+from strategies import greedy_cases
 
 
 @settings(deadline=None)
 @given(case=greedy_cases(max_vocab=64, max_k=4, max_batch=8))
 def test_greedy_verifier_equals_argmax_decoding(
-    case: GreedyCaseTensors, losslessness_target: SuiteTarget
+    case: GreedyCase, losslessness_target: SuiteTarget
 ) -> None:
     """The target's greedy output equals the reference's on logits with exact ties at the
     maximum and -inf masks (ties go to the lowest index)."""

@@ -1,0 +1,203 @@
+"""The run engine keeps finished results whatever a target does, and reproduces the audit it
+replaced: the same p-values and seeds for the same inputs (pinned from the code before the
+engine), hung targets and missing optional packages recorded without stopping the run, a
+missing bonus token caught exactly, only assertions whose samples depend on the target planned,
+and every replay line it prints reproducing its check."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+from losslessness.adapters import Adapter, resolve_adapter
+from losslessness.adapters.mutants import MUTANTS
+from losslessness.checks import count_statistical_assertions
+from losslessness.cli import main
+from losslessness.design import RunConfig
+from losslessness.engine import ShardSpec, finish_run, plan_run, run_audit, run_shard
+from losslessness.engine.battery import default_chain_battery
+from losslessness.engine.draw import rows_per_call
+from losslessness.reference import verify
+from losslessness.results import CheckKind, TargetVerdict, Verdict
+
+# p-values of ``losslessness audit reference --case C --steps 7001`` (seed 0) computed with
+# the audit as it was before the run engine (commit b1db442): the engine must reproduce them
+# exactly, with the same seeds. (check id, position, row) -> p-value.
+PINNED = {
+    ("v2-tilted", 8427797254466989094): {
+        ("law", 0, 0): 0.6898054712813149,
+        ("law", 1, 0): 0.848093664488218,
+        ("law", 2, 0): 0.45035736830766204,
+        ("acceptance", 0, 0): 0.28881495338141827,
+        ("acceptance", 1, 0): 0.6615495169943499,
+        ("independence", 0, 0): 0.49311759776534436,
+    },
+    ("v32-mixed-batch", 8135871220636649279): {
+        ("law", 2, 1): 0.5127152992156359,
+        ("law", 1, 2): 0.7495626314855366,
+        ("acceptance", 1, 2): 0.9878090622822648,
+        ("independence", 0, 2): 0.05193516014224111,
+    },
+}
+
+
+@pytest.mark.parametrize(("case_id", "seed"), list(PINNED))
+def test_engine_reproduces_the_pre_engine_audit_p_values_and_seeds(case_id: str, seed: int) -> None:
+    """Same case, run seed and steps: the same case seed and the same p-values, to the bit, as
+    the audit before the run engine (odd steps: the last step is a single record)."""
+    result = run_audit([resolve_adapter("reference")], RunConfig(cases=(case_id,), steps=7001))
+    found = {
+        (check.check_id, check.position, check.row): check
+        for check in result.targets[0].checks
+        if check.kind is CheckKind.STATISTICAL
+    }
+    for key, p_value in PINNED[(case_id, seed)].items():
+        assert found[key].p_value == p_value, key
+        assert found[key].seed == seed
+
+
+def _sleeping_verifier(
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    generator: torch.Generator,
+) -> torch.Tensor:
+    time.sleep(30)
+    return verify(target_probs, draft_probs, draft_token_ids, generator)
+
+
+def test_hung_target_is_an_error_and_the_rest_of_the_run_goes_on() -> None:
+    """A verifier that sleeps past ``timeout_s`` is an ERROR for the case it hung on, its other
+    cases are skipped as ERROR without calling it again, the other target's results are kept
+    (LOSSLESS), the exit code is 3, and the run takes about one timeout, not one per case."""
+    hung = Adapter("sleeper", "sleeps 30 s per call", chain=_sleeping_verifier)
+    config = RunConfig(cases=("v2-tilted", "v8-far"), steps=2000, timeout_s=0.5)
+    began = time.perf_counter()
+    result = run_audit([hung, resolve_adapter("reference")], config)
+    assert time.perf_counter() - began < 15
+    sleeper, reference = result.targets
+    assert sleeper.verdict is TargetVerdict.ERROR
+    assert all(check.verdict is Verdict.ERROR for check in sleeper.checks)
+    messages = {check.case_id: check.message for check in sleeper.checks}
+    assert "did not return within 0.5 s" in messages["v2-tilted"]
+    assert messages["v8-far"].startswith("skipped: the target hung")
+    assert reference.verdict is TargetVerdict.LOSSLESS
+    assert result.exit_code == 3
+
+
+def _no_bonus_verifier(
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    generator: torch.Generator,
+) -> torch.Tensor:
+    out = verify(target_probs, draft_probs, draft_token_ids, generator)
+    k = draft_token_ids.shape[1]
+    out[(out != -1).all(dim=1), k] = -1
+    return out
+
+
+def test_verifier_that_never_emits_the_bonus_token_is_lossy_by_the_exact_structure_check() -> None:
+    """Dropping the bonus token when all k drafts are accepted is an exact structure violation
+    (k tokens, all drafts: the last would be a draft replaced by itself, which the residual
+    never emits), while the reference and every lossless control of the zoo pass it."""
+    config = RunConfig(cases=("v16-near-k4", "v2-tilted"), only=("structure",), steps=3000)
+    broken = Adapter("no-bonus", "drops the bonus token", chain=_no_bonus_verifier)
+    controls = [resolve_adapter(f"mutant/{name}") for name, m in MUTANTS.items() if not m.lossy]
+    result = run_audit([broken, resolve_adapter("reference"), *controls], config)
+    lossy, *passing = result.targets
+    assert lossy.verdict is TargetVerdict.LOSSY
+    assert all("no bonus token" in check.message for check in lossy.checks)
+    assert all(check.kind is CheckKind.EXACT for check in lossy.checks)
+    for target in passing:
+        assert all(check.verdict is Verdict.PASS for check in target.checks), target.name
+
+
+def _shifted_reference(
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    generator: torch.Generator,
+) -> torch.Tensor:
+    torch.rand(1, generator=generator)
+    return verify(target_probs, draft_probs, draft_token_ids, generator)
+
+
+def test_p_equals_q_plans_no_assertion_whose_samples_are_the_runs_own_drafts() -> None:
+    """Where every draft is accepted (p == q), the emitted tokens below k are the run's own
+    drafts: no law or independence test is planned there, only the bonus position's law; and
+    the reference with its random stream shifted by one number (same drafts, other verifier
+    randomness) never gives the same statistic as the reference on any planned statistical
+    assertion (every planned assertion's samples depend on the target)."""
+    case = next(c for c in default_chain_battery() if c.case_id == "edge-p-equals-q")
+    assert count_statistical_assertions(case, rows_per_call(case), ("law",)) == case.n_rows
+    assert count_statistical_assertions(case, rows_per_call(case), ("independence",)) == 0
+    config = RunConfig(cases=("edge-p-equals-q", "v8-far"), steps=4000)
+    shifted = Adapter("shifted-reference", "reference, stream shifted", chain=_shifted_reference)
+    result = run_audit([resolve_adapter("reference"), shifted], config)
+
+    def statistics(index: int) -> dict[tuple[object, ...], float | None]:
+        return {
+            (c.check_id, c.case_id, c.position, c.row): c.statistic
+            for c in result.targets[index].checks
+            if c.kind is CheckKind.STATISTICAL and c.verdict is not Verdict.SKIPPED
+        }
+
+    first, second = statistics(0), statistics(1)
+    assert first.keys() == second.keys() and len(first) == result.n_assertions // 2
+    assert all(first[key] != second[key] for key in first)
+
+
+def test_suite_unit_without_pytest_is_unavailable_with_the_install_command(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Without pytest the property-suite unit is UNAVAILABLE (the run's exit code stays 0) and
+    says which command installs it; it prints no replay line."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "pytest" else real(name, *a)
+    )
+    config = RunConfig(cases=("v2-tilted",), steps=2000, suite=True, suite_targets=("reference",))
+    plan = plan_run(config, [resolve_adapter("reference")])
+    result = finish_run([run_shard(plan, ShardSpec(0, 1), tmp_path)]).audit
+    suite = next(target for target in result.targets if target.name == "suite:reference")
+    assert suite.verdict is TargetVerdict.UNAVAILABLE
+    assert "pip install 'losslessness[nightly]'" in str(suite.error)
+    assert result.exit_code == 0
+
+
+@pytest.mark.parametrize("chunk_steps", [None, 1000])
+def test_replay_line_of_a_lossy_check_reproduces_its_p_value(
+    chunk_steps: int | None, tmp_path: Path
+) -> None:
+    """The replay line printed with a LOSSY law check (one-chunk audit, and a chunked run as
+    the nightly makes) runs as printed and recomputes the same p-value."""
+    config = RunConfig(cases=("v2-tilted",), steps=3001, chunk_steps=chunk_steps, seed=5)
+    result = run_audit([resolve_adapter("tests.wrong_verifiers:residual_is_target")], config)
+    check = next(
+        c for c in result.targets[0].checks if c.verdict is Verdict.LOSSY and c.check_id == "law"
+    )
+    assert check.replay is not None
+    assert check.replay.startswith(
+        "losslessness audit tests.wrong_verifiers:residual_is_target --seed 5 --case v2-tilted"
+    )
+    out = tmp_path / "replay.json"
+    args = [*check.replay.split()[1:], "--no-progress", "--json", str(out)]
+    replayed = CliRunner().invoke(main, args)
+    assert replayed.exit_code == 1, replayed.output
+    record = json.loads(out.read_text())
+    again = next(
+        c
+        for c in record["targets"][0]["checks"]
+        if (c["check_id"], c["position"], c["row"]) == (check.check_id, check.position, check.row)
+    )
+    assert again["p_value"] == check.p_value
+    assert np.isfinite(again["statistic"])
