@@ -193,7 +193,10 @@ def verify_block(
     Lossless (the paper's Theorem 1): every emitted token follows p; the accepted prefix is
     decided from the whole block, so the acceptance at positions after 0 can exceed
     ``sum min(p_i, q_i)`` (Theorem 2: the expected number of accepted drafts is the largest
-    any valid verifier achieves).
+    any valid verifier achieves). Engines ship it as an option: vLLM PR 46781
+    (https://github.com/vllm-project/vllm/pull/46781) and SGLang PR 36516
+    (https://github.com/sgl-project/sglang/pull/36516), whose Triton chain sampler the issue
+    measured with block verification on.
 
     Args:
         target_probs: ``[B, k+1, V]`` float (computed in float64 after dividing each row by
