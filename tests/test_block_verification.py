@@ -183,11 +183,11 @@ def test_acceptance_check_passes_block_verifier_where_old_check_failed(
         results = check_acceptance(tilted_block, _context(TILTED), verification=verification)
         assert [r.verdict for r in results] == [Verdict.PASS, Verdict.PASS]
     position1 = results[1]
-    assert position1.n == STEPS and position1.alpha == ALPHA
+    assert position1.details["prefix_n"] == STEPS and position1.alpha == ALPHA
     assert math.isfinite(position1.min_detectable_tv)
     assert "1 - TV of the joint laws of the first 2 tokens" in position1.message
     assert position1.details["upper_bound"] == pytest.approx(0.6, abs=1e-9)
-    assert position1.details["conditional_observed_rate"] > position1.details["token_rate"] + 0.03
+    assert position1.details["observed_rate"] > position1.details["expected_rate"] + 0.03
 
 
 def test_prefix_acceptance_above_joint_bound_is_lossy(tilted_block: ChainSamples) -> None:

@@ -28,7 +28,10 @@ false-alarm probability stays at most the level):
   enumerated).
 
 The reported p-value is twice the smaller one-sided p-value (capped at 1), so the verdict is
-still ``p-value <= alpha``; the minimum detectable shift is the larger of the two tests'.
+still ``p-value <= alpha``; the minimum detectable shift is the larger of the two tests'. The
+record's ``n``, ``statistic`` and ``accepted`` / ``expected_rate`` details stay the conditional
+acceptance at position i against sum min(p_i, q_i) (what reports plot); the prefix tests'
+counts are in the ``prefix_*`` details and the message.
 
 Where the acceptance probability at a position is exactly 0 (disjoint supports) or 1
 (p == q) the check is exact and conditional on reaching the position: any accepted draft with
@@ -195,9 +198,15 @@ def _prefix_result(
     conditional: dict[str, Any],
     began: float,
 ) -> CheckResult:
-    """The assertion at draft position ``position`` >= 1: the count of steps (of all ``n``)
+    """The assertion at draft position ``position`` >= 1: the count of steps (of all steps)
     that accepted d_0..d_position, against the joint bound (LOSSY above) and the SUBOPTIMAL
-    threshold (below), each by an exact one-sided binomial test at half the level."""
+    threshold (below), each by an exact one-sided binomial test at half the level.
+
+    The record's ``n``, ``statistic`` and the ``accepted`` / ``expected_rate`` details stay
+    those of the acceptance at this position given that it was reached, against
+    sum min(p_i, q_i) (what reports plot); ``p_value`` and ``min_detectable_tv`` are the
+    prefix tests' (the larger of their two minimum detectable shifts, in units of the prefix
+    rate), whose counts are in the ``prefix_*`` details and the message."""
     m = position + 1
     steps = int(counts.shape[0])
     accepted = int((counts > m).sum())
@@ -235,16 +244,15 @@ def _prefix_result(
             f"{lower_name} (one-sided p-value {low.pvalue:.3g} <= {level:.3g}): lossless "
             "verifiers may do this, but it wastes drafts"
         )
+    # The record's n, statistic, "accepted", "observed_rate" and "expected_rate" stay those of
+    # acceptance at this position given it was reached, against sum min(p_i, q_i), as reports
+    # plot them; the test that decides is on the prefix over all steps, in "prefix_*".
     details = {
         **conditional,
-        "conditional_accepted": conditional["accepted"],
-        "conditional_observed_rate": conditional["observed_rate"],
-        "token_rate": conditional["expected_rate"],
-        "reached": int((counts > position).sum()),
-        "statistic": "steps that accepted the first position+1 drafts, of all steps",
-        "accepted": accepted,
-        "observed_rate": observed,
-        "expected_rate": lower,
+        "statistic": "conditional acceptance; verdict from the prefix tests (prefix_*)",
+        "prefix_n": steps,
+        "prefix_accepted": accepted,
+        "prefix_observed_rate": observed,
         "lower_threshold": lower,
         "lower_threshold_kind": "block" if block_reach is not None else "token",
         "upper_bound": upper,
@@ -256,11 +264,12 @@ def _prefix_result(
         "min_detectable_shift_lower": shift_low,
         "direction": "higher" if observed > upper else "lower" if observed < lower else "within",
     }
+    reached = int((counts > position).sum())
     return context.result(
         "acceptance",
         kind=CheckKind.STATISTICAL,
         verdict=verdict,
-        statistic=observed,
+        statistic=conditional["observed_rate"],
         p_value=min(1.0, 2.0 * min(high.pvalue, low.pvalue)),
         min_detectable_tv=max(shift_high, shift_low),
         wall_time_s=time.perf_counter() - began,
@@ -268,5 +277,5 @@ def _prefix_result(
         details=details,
         position=position,
         row=row,
-        n=steps,
+        n=reached,
     )
