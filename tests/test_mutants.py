@@ -98,7 +98,7 @@ def test_mutant_case_shows_its_mechanism(name: str) -> None:
     if isinstance(entry.case, ChainCase):
         assert entry.adapter.chain is not None
         samples = sample_chain(entry.adapter.chain, entry.case, CASE_STEPS, CASE_SEED)
-        results = run_chain_checks(samples, context)
+        results = run_chain_checks(samples, context, declared_verification(entry.adapter.chain))
     else:
         assert entry.adapter.greedy is not None
         outputs = sample_greedy(entry.adapter.greedy, entry.case)

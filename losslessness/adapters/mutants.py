@@ -37,11 +37,14 @@ from losslessness.protocol import (
 from losslessness.reference import (
     accepted_lengths,
     argmax_lowest_index,
+    block_decisions,
     emitted_tokens,
     residual_distribution,
     sample_inverse_cdf,
+    verify_block,
     verify_with_uniforms,
 )
+from losslessness.reference.block import BLOCK_VERIFICATION, VERIFICATION_ATTRIBUTE
 
 MUTANT_PREFIX = "mutant/"
 """Target names starting with this resolve to a mutant (``mutant/<name>``)."""
@@ -778,6 +781,40 @@ def unnormalised_residual_multinomial(
     return emitted_tokens(ids, n_accepted, final)
 
 
+def block_verification_wrong_residual(
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    generator: torch.Generator,
+) -> torch.Tensor:
+    """LOSSY: block verification's accepted prefix (Sun et al. 2024, Alg. 2) followed by the
+    token-level residual ``norm(max(0, p_tau - q_tau))`` instead of the block residual
+    ``norm(max(0, w_tau p_tau - q_tau))``. The two agree where ``w_tau = 1`` (always at
+    ``tau = 0``), so the first position is right and the error shows after an accepted prefix
+    whose weight fell below 1.
+
+    Source: vllm-ascend issue 7807, "block_verify feature implementation in rejection sampling
+    is not correct": ``sample_recovered_tokens`` drew the recovered token "from the same
+    distribution, regardless of whether block_verify is enabled", fixed in PR 7808 by sampling
+    the block residual (the paper's Eq. 4)
+    (https://github.com/vllm-project/vllm-ascend/issues/7807). The protocol-level mutant keeps
+    the corrected acceptance and only the residual bug.
+    """
+    p, q, ids = _prepare(target_probs, draft_probs, draft_token_ids, generator)
+    batch, k = ids.shape
+    accept_uniforms = _uniforms(generator, batch, k + 1)
+    n_accepted, _ = block_decisions(p, q, ids, accept_uniforms)
+    rows = torch.arange(batch)
+    law = p[rows, n_accepted]
+    if k > 0:
+        token_residual = residual_distribution(law, q[rows, n_accepted.clamp(max=k - 1)])
+        law = torch.where((n_accepted < k).unsqueeze(1), token_residual, law)
+    return emitted_tokens(ids, n_accepted, sample_inverse_cdf(law, _uniforms(generator, batch)))
+
+
+setattr(block_verification_wrong_residual, VERIFICATION_ATTRIBUTE, BLOCK_VERIFICATION)
+
+
 # ------------------------------------------------------------------------------------ cases
 
 
@@ -829,6 +866,19 @@ def _equal_rows_case(case_id: str, vocab: int, k: int, seed: int) -> ChainCase:
     target = _dirichlet_rows(rng, k + 1, vocab, 1.0)
     return _chain_case(
         case_id, f"V={vocab} k={k} p == q", target, target[:k].copy(), {"p-equals-q"}
+    )
+
+
+def _block_residual_case(case_id: str) -> ChainCase:
+    """V = 3, k = 2, built so that block verification often stops at position 1 with a small
+    prefix weight: d_0 is usually token 0 (q_0 = 0.9, p_0 = 0.3, so w_1 = 1/3), and at
+    position 1 the block residual ``max(w p_1 - q_1, 0)`` keeps only token 0 while the
+    token-level ``max(p_1 - q_1, 0)`` also keeps token 2. The wrong residual's law at position
+    1 is then 0.127 in TV from p_1 (exact, by enumeration), reached in 40% of steps."""
+    target = np.array([[0.3, 0.6, 0.1], [0.5, 0.0, 0.5], [0.2, 0.3, 0.5]])
+    draft = np.array([[0.9, 0.05, 0.05], [0.02, 0.78, 0.2]])
+    return _chain_case(
+        case_id, "V=3 k=2 draft undershooting the target's mode", target, draft, {"dense"}
     )
 
 
@@ -992,6 +1042,14 @@ def _build_zoo() -> dict[str, Mutant]:
             case=_dense_case("mutant-dense-v16-g", 16, 2, 14),
         ),
         _entry(
+            "block-verification-wrong-residual",
+            block_verification_wrong_residual,
+            lossy=True,
+            mechanism="block acceptance, but the token-level residual max(0, p - q), not w p - q",
+            source="https://github.com/vllm-project/vllm-ascend/issues/7807",
+            case=_block_residual_case("mutant-block-residual-v3"),
+        ),
+        _entry(
             "greedy-ties-to-highest",
             greedy_ties_to_highest,
             greedy=True,
@@ -1049,6 +1107,14 @@ def _build_zoo() -> dict[str, Mutant]:
             mechanism="torch.multinomial normalises max(0, p - q) itself: same law",
             source="https://github.com/vllm-project/vllm/pull/2336",
             case=_dense_case("control-dense-v16-b", 16, 2, 21),
+        ),
+        _entry(
+            "block-verification",
+            verify_block,
+            lossy=False,
+            mechanism="block verification (Sun et al. 2024, Alg. 2): lossless, accepts more later",
+            source="https://github.com/sgl-project/sglang/pull/36516",
+            case=_dense_case("control-dense-v8-k3", 8, 3, 24, near=0.9),
         ),
     ]
     zoo = {entry.name: entry for entry in entries}

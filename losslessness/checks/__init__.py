@@ -31,12 +31,13 @@ from losslessness.checks.sequence_law import (
     check_sequence_law,
 )
 from losslessness.checks.structure import check_structure, malformed_output_result
+from losslessness.reference.block import BLOCK_VERIFICATION, TOKEN_VERIFICATION
 from losslessness.results import CheckContext, CheckResult
 from losslessness.samples import ChainSamples
 
 
 def run_chain_checks(
-    samples: ChainSamples, context: CheckContext, block_decisions: bool = False
+    samples: ChainSamples, context: CheckContext, verification: str = TOKEN_VERIFICATION
 ) -> list[CheckResult]:
     """Every chain check on one case's samples: structure, conditional laws (and one-hot
     edges), acceptance (and disjoint / p == q edges), independence of identical rows.
@@ -44,13 +45,14 @@ def run_chain_checks(
     Args:
         samples: the case's samples.
         context: the case's context.
-        block_decisions: the target declares block-level decisions (see
-            :func:`~losslessness.checks.structure.check_structure`).
+        verification: how the target declares it verifies (``"token"`` or ``"block"``,
+            :func:`losslessness.reference.declared_verification`): a block verifier may emit
+            the draft as its correction token, and has its own acceptance threshold.
     """
     return [
-        check_structure(samples, context, block_decisions),
+        check_structure(samples, context, block_decisions=verification == BLOCK_VERIFICATION),
         *check_conditional_laws(samples, context),
-        *check_acceptance(samples, context),
+        *check_acceptance(samples, context, verification=verification),
         *check_row_independence(samples, context),
     ]
 

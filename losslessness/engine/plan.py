@@ -53,6 +53,7 @@ from losslessness.design import RunConfig
 from losslessness.engine.battery import default_chain_battery, default_greedy_battery
 from losslessness.engine.draw import rows_per_call
 from losslessness.engine.end_to_end import EndToEndPlan, plan_end_to_end
+from losslessness.reference.block import declared_verification
 from losslessness.seeding import derive_seed
 from losslessness.stats import ErrorBudget, plan_identity_test
 
@@ -214,8 +215,8 @@ class PlanRecord:
     Attributes:
         plan_version: :data:`PLAN_VERSION`.
         config: the design.
-        targets: loaded targets, in grid order, with their descriptions and whether each
-            decides on whole blocks.
+        targets: loaded targets, in grid order: (name, description, declared verification,
+            ``"token"`` or ``"block"``).
         unavailable: targets that did not load: (name, reason, named by the user).
         chain_cases: the chunk grid of every chain case, by case id.
         greedy_cases: case hash of every greedy case, by case id.
@@ -230,7 +231,7 @@ class PlanRecord:
 
     plan_version: str
     config: RunConfig
-    targets: tuple[tuple[str, str, bool], ...]
+    targets: tuple[tuple[str, str, str], ...]
     unavailable: tuple[tuple[str, str, bool], ...]
     chain_cases: dict[str, ChainCasePlan]
     greedy_cases: dict[str, str]
@@ -269,7 +270,7 @@ class PlanRecord:
                 plan_version=data["plan_version"],
                 config=RunConfig.from_json(data["config"]),
                 targets=tuple(
-                    (str(name), str(text), bool(block)) for name, text, block in data["targets"]
+                    (str(name), str(text), str(how)) for name, text, how in data["targets"]
                 ),
                 unavailable=tuple(
                     (str(name), str(why), bool(named)) for name, why, named in data["unavailable"]
@@ -530,8 +531,7 @@ def plan_run(
         plan_version=PLAN_VERSION,
         config=config,
         targets=tuple(
-            (a.name, a.description, bool(getattr(a.chain, "block_decisions", False)))
-            for a in adapters
+            (a.name, a.description, declared_verification(a.chain)) for a in adapters
         ),
         unavailable=tuple((t.name, t.reason, t.named) for t in unavailable),
         chain_cases=case_plans,

@@ -403,7 +403,11 @@ def replay_command(plan: PlanRecord, check: CheckResult, greedy: bool = False) -
 
 
 def _chain_checks(
-    merged: MergedShards, target: str, case: ChainCase, units: Sequence[UnitRecord], block: bool
+    merged: MergedShards,
+    target: str,
+    case: ChainCase,
+    units: Sequence[UnitRecord],
+    verification: str,
 ) -> list[CheckResult]:
     plan = merged.plan
     grid: ChainCasePlan = plan.chain_cases[case.case_id]
@@ -423,7 +427,7 @@ def _chain_checks(
     samples.wall_time_s = context.sampling_time_s
     samples.verifier_time_s = sum(unit.verifier_time_s for unit in units)
     samples.calls = sum(unit.verifier_calls for unit in units)
-    results = run_chain_checks(samples, context, block)
+    results = run_chain_checks(samples, context, verification)
     for result in results:
         result.details.update(
             steps=samples.n_steps,
@@ -467,11 +471,11 @@ def finish_run(shards: Sequence[ShardResult]) -> RunResult:
             group = by_target.setdefault(unit.target, {})
             group.setdefault((unit.kind, unit.case_id), []).append(unit)
     targets: list[TargetResult] = []
-    for name, description, block in plan.targets:
+    for name, description, verification in plan.targets:
         result = TargetResult(name, description, TargetVerdict.LOSSLESS)
         for (kind, case_id), units in by_target.get(name, {}).items():
             if kind == "chain":
-                result.checks += _chain_checks(merged, name, cases[case_id], units, block)
+                result.checks += _chain_checks(merged, name, cases[case_id], units, verification)
             else:
                 result.checks += [check for unit in units for check in unit.checks]
             _add_totals(result, units)

@@ -140,3 +140,116 @@ def chain_laws(target_probs: torch.Tensor, draft_probs: torch.Tensor) -> ChainLa
             acceptance.unsqueeze(1) > 0, overlap / safe, torch.zeros_like(overlap)
         ),
     )
+
+
+MAX_BOUND_CELLS = 1 << 22
+"""Most cells (prefixes in the common support of p and q) :func:`prefix_acceptance_bound`
+enumerates for one prefix length; longer prefixes get the valid, looser fallback."""
+
+
+@dataclass(frozen=True)
+class PrefixAcceptanceBound:
+    """Upper bound on P(the first m drafts are all accepted) for every lossless verifier.
+
+    Attributes:
+        bound: ``[k+1]`` float64; ``bound[m]`` for prefix length m = 0..k (``bound[0] = 1``).
+        exact: ``[k+1]`` bool; True where ``bound[m]`` is ``1 - TV`` of the joint laws of the
+            first m tokens computed exactly (by enumeration), False where it is the fallback
+            ``min(exact bound of the longest enumerable prefix, min_{j < m} sum min(p_j, q_j))``
+            (valid, never below the exact value, but not tight).
+        cells: ``[k+1]`` int; cells enumerated for ``bound[m]`` (0 for the fallback).
+    """
+
+    bound: torch.Tensor
+    exact: torch.Tensor
+    cells: tuple[int, ...]
+
+    def describe(self, m: int) -> str:
+        """One phrase naming what ``bound[m]`` is, for messages."""
+        if bool(self.exact[m]):
+            return (
+                f"1 - TV of the joint laws of the first {m} tokens under p and q, exact over "
+                f"{self.cells[m]} cells"
+            )
+        return (
+            f"a valid upper bound on 1 - TV of the joint laws of the first {m} tokens (the "
+            "exact value over a shorter prefix, or the smallest per-position sum min(p, q)): "
+            "too many cells to enumerate"
+        )
+
+
+def prefix_acceptance_bound(
+    target_probs: torch.Tensor, draft_probs: torch.Tensor, max_cells: int = MAX_BOUND_CELLS
+) -> PrefixAcceptanceBound:
+    """Largest probability with which any lossless verifier accepts the first m drafts.
+
+    If the first m drafts are accepted, the first m output tokens equal them: ``{tau >= m}``
+    is contained in ``{Y^m = X^m}``. A lossless verifier's output prefix ``Y^m`` follows p's
+    joint law, the drafts ``X^m`` follow q's, and no coupling of two laws agrees more often
+    than ``1 - TV`` (the coupling inequality; Lindvall 1992, Lectures on the Coupling Method,
+    I.2; Leviathan et al. 2022 use it for m = 1). With p_j, q_j fixed per position the joint
+    laws are products, so::
+
+        P(tau >= m) <= sum over x^m of min(prod_j p_j(x_j), prod_j q_j(x_j)).
+
+    The bound holds for every lossless verifier, block verification (Sun et al. 2024)
+    included. It is not attained in general: in Sun et al.'s Sec. 1 example block
+    verification accepts both drafts with probability 5/9 where the bound is 6/9; the
+    token-level value ``prod_{j < m} sum min(p_j, q_j)`` is a lower value still.
+
+    Only cells where every p_j and q_j is positive contribute; they are enumerated while
+    their number stays within ``max_cells``. Beyond it ``bound[m]`` is the exact bound of the
+    longest enumerable prefix, or the smallest per-position ``sum min(p_j, q_j)`` if lower
+    (both are ``1 - TV`` of a marginal of the first m tokens, and marginalising never
+    increases TV), so the fallback is never below the exact value.
+
+    Args:
+        target_probs: ``[k+1, V]`` float, p_0..p_k (rows divided by their sums).
+        draft_probs: ``[k, V]`` float, q_0..q_{k-1}.
+        max_cells: largest enumeration per prefix length (>= 1).
+
+    Returns:
+        :class:`PrefixAcceptanceBound`.
+
+    Raises:
+        ValueError: shapes that are not ``[k+1, V]`` and ``[k, V]``, or ``max_cells < 1``.
+    """
+    if max_cells < 1:
+        raise ValueError(f"max_cells: must be >= 1, got {max_cells}")
+    if (
+        target_probs.dim() != 2
+        or draft_probs.dim() != 2
+        or draft_probs.shape[0] + 1 != target_probs.shape[0]
+        or draft_probs.shape[1] != target_probs.shape[1]
+    ):
+        raise ValueError(
+            f"target_probs/draft_probs: expected [k+1, V] and [k, V], got "
+            f"{tuple(target_probs.shape)} and {tuple(draft_probs.shape)}"
+        )
+    p = target_probs.to(torch.float64)
+    p = p / p.sum(dim=-1, keepdim=True)
+    q = draft_probs.to(torch.float64)
+    k = q.shape[0]
+    if k:
+        q = q / q.sum(dim=-1, keepdim=True)
+    overlap = acceptance_probability(p[:k], q)
+    bound = torch.ones(k + 1, dtype=torch.float64)
+    exact = torch.ones(k + 1, dtype=torch.bool)
+    cells = [1] * (k + 1)
+    joint_p = torch.ones(1, dtype=torch.float64)
+    joint_q = torch.ones(1, dtype=torch.float64)
+    enumerable = True
+    for m in range(1, k + 1):
+        j = m - 1
+        common = (p[j] > 0) & (q[j] > 0)
+        if enumerable and joint_p.numel() * int(common.sum()) <= max_cells:
+            joint_p = torch.outer(joint_p, p[j][common]).reshape(-1)
+            joint_q = torch.outer(joint_q, q[j][common]).reshape(-1)
+            bound[m] = torch.minimum(joint_p, joint_q).sum().clamp(0.0, 1.0)
+            cells[m] = joint_p.numel()
+        else:
+            enumerable = False
+            bound[m] = torch.minimum(bound[m - 1], overlap[:m].min())
+            exact[m] = False
+            cells[m] = 0
+    return PrefixAcceptanceBound(bound, exact, tuple(cells))

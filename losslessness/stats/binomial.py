@@ -17,13 +17,26 @@ two-sided; :attr:`BinomialTestResult.direction` says which side the observation 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
+import scipy.optimize
+import scipy.special
 import scipy.stats
 
-from losslessness.stats.identity import _check_nonnegative_int, _check_real
+from losslessness.stats.identity import (
+    _check_nonnegative_int,
+    _check_open_unit_interval,
+    _check_real,
+)
 
-__all__ = ["RATE_CLIP_TOLERANCE", "BinomialTestResult", "acceptance_rate_test"]
+__all__ = [
+    "RATE_CLIP_TOLERANCE",
+    "BinomialTestResult",
+    "acceptance_rate_test",
+    "rate_bound_minimum_detectable_shift",
+    "rate_bound_test",
+]
 
 RATE_CLIP_TOLERANCE = 1e-12
 """Expected rates this far outside [0, 1] are clipped (float round-off in ``sum(min(p, q))``)."""
@@ -115,3 +128,130 @@ def acceptance_rate_test(successes: int, n: int, expected_rate: float) -> Binomi
         expected_rate=rate,
         direction=direction,
     )
+
+
+_ALTERNATIVES = ("greater", "less")
+
+
+def _check_alternative(alternative: object) -> str:
+    if alternative not in _ALTERNATIVES:
+        raise ValueError(f"alternative: must be 'greater' or 'less', got {alternative!r}")
+    return str(alternative)
+
+
+def rate_bound_test(successes: int, n: int, bound: float, alternative: str) -> BinomialTestResult:
+    """Exact one-sided binomial test of a *bound* on the success rate.
+
+    ``alternative="greater"`` tests the null "rate <= bound" (p-value ``P(K >= successes)``
+    under ``Binomial(n, bound)``); ``"less"`` tests "rate >= bound" (``P(K <= successes)``).
+    The binomial tail is monotone in the rate, so the p-value is valid (at most ``alpha``
+    with probability at most ``alpha``) for every rate in the composite null, and exact at the
+    bound itself.
+
+    Args:
+        successes: integer in ``[0, n]``.
+        n: number of trials, integer ``>= 0``.
+        bound: the rate bound in ``[0, 1]`` (values within 1e-12 outside are clipped).
+        alternative: ``"greater"`` or ``"less"``.
+
+    Returns:
+        :class:`BinomialTestResult` (``expected_rate`` is the bound; ``direction`` compares
+        the observed proportion with it). ``pvalue`` is 1.0 when ``n == 0``.
+
+    Raises:
+        ValueError: naming ``successes``, ``n``, ``bound`` or ``alternative``.
+
+    Notes:
+        ``scipy.special.bdtrc(successes - 1, n, bound)`` and ``bdtr(successes, n, bound)``:
+        the binomial survival and distribution functions (what ``scipy.stats.binomtest(...,
+        alternative=...)`` returns, without its per-call overhead).
+    """
+    k = _check_nonnegative_int(successes, "successes")
+    trials = _check_nonnegative_int(n, "n")
+    if k > trials:
+        raise ValueError(f"successes: {k} exceeds n = {trials}")
+    rate = _check_rate(bound, "bound")
+    side = _check_alternative(alternative)
+    if trials == 0:
+        return BinomialTestResult(float("nan"), 1.0, 0, 0, rate, "as expected")
+    if side == "greater":
+        pvalue = 1.0 if k == 0 else float(scipy.special.bdtrc(k - 1, trials, rate))
+    else:
+        pvalue = 1.0 if k == trials else float(scipy.special.bdtr(k, trials, rate))
+    proportion = k / trials
+    direction = "higher" if proportion > rate else "lower" if proportion < rate else "as expected"
+    return BinomialTestResult(proportion, min(max(pvalue, 0.0), 1.0), trials, k, rate, direction)
+
+
+def rate_bound_minimum_detectable_shift(
+    n: int, bound: float, alpha: float, power: float, alternative: str
+) -> float:
+    """Smallest shift beyond ``bound`` that :func:`rate_bound_test` detects with ``power``.
+
+    The rejection region at level ``alpha`` is ``{K >= c}`` (``"greater"``) or ``{K <= c}``
+    (``"less"``), with ``c`` the exact critical count; the power at ``bound + delta`` (or
+    ``bound - delta``) is that region's binomial probability, solved for ``delta`` with
+    ``scipy.optimize.brentq``. Exact, no normal approximation.
+
+    Args:
+        n: number of trials, integer ``>= 0``.
+        bound: the rate bound in [0, 1].
+        alpha: the test's level, in (0, 1).
+        power: required power, in (0, 1).
+        alternative: ``"greater"`` or ``"less"``.
+
+    Returns:
+        ``delta`` in probability units (the TV between Bernoulli(bound) and the detected
+        Bernoulli); ``math.inf`` when ``n == 0``, when there is no room beyond the bound, or
+        when even a rate of 1 (or 0) is not detected with ``power``.
+
+    Raises:
+        ValueError: naming the invalid argument.
+    """
+    trials = _check_nonnegative_int(n, "n")
+    rate = _check_rate(bound, "bound")
+    level = _check_open_unit_interval(alpha, "alpha")
+    target = _check_open_unit_interval(power, "power")
+    side = _check_alternative(alternative)
+    room = 1.0 - rate if side == "greater" else rate
+    if trials == 0 or room <= 0.0:
+        return math.inf
+    binomial = scipy.stats.binom(trials, rate)
+    if side == "greater":
+        # Smallest c with P(K >= c) <= level; isf gives it up to rounding: adjust exactly.
+        critical = int(binomial.isf(level)) + 1
+        while critical > 0 and rate_bound_test(critical - 1, trials, rate, side).pvalue <= level:
+            critical -= 1
+        while critical <= trials and rate_bound_test(critical, trials, rate, side).pvalue > level:
+            critical += 1
+        if critical > trials:
+            return math.inf
+
+        def detection(true_rate: float) -> float:
+            return float(scipy.special.bdtrc(critical - 1, trials, true_rate))
+
+        sign = 1.0
+    else:
+        critical = int(binomial.ppf(level)) - 1
+        while (
+            critical < trials and rate_bound_test(critical + 1, trials, rate, side).pvalue <= level
+        ):
+            critical += 1
+        while critical >= 0 and rate_bound_test(critical, trials, rate, side).pvalue > level:
+            critical -= 1
+        if critical < 0:
+            return math.inf
+
+        def detection(true_rate: float) -> float:
+            return float(scipy.special.bdtr(critical, trials, true_rate))
+
+        sign = -1.0
+
+    def shortfall(delta: float) -> float:
+        return detection(min(max(rate + sign * delta, 0.0), 1.0)) - target
+
+    if shortfall(room) < 0.0:
+        return math.inf
+    if shortfall(0.0) >= 0.0:
+        return 0.0
+    return float(scipy.optimize.brentq(shortfall, 0.0, room, xtol=1e-12, rtol=1e-10))

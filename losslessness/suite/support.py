@@ -17,6 +17,7 @@ from losslessness.adapters import Adapter
 from losslessness.cases import ChainCase
 from losslessness.checks import run_chain_checks
 from losslessness.engine.draw import sample_chain
+from losslessness.reference.block import declared_verification
 from losslessness.results import CheckContext, CheckResult, Verdict
 from losslessness.seeding import derive_seed
 
@@ -148,7 +149,9 @@ def run_chain_example(adapter: Adapter, case: ChainCase, replay: str) -> None:
         adapter.name, case, alpha=budget.per_assertion_alpha, power=0.9, tv=0.1, seed=seed
     )
     results = run_chain_checks(
-        samples, dataclasses.replace(context, sampling_time_s=samples.wall_time_s)
+        samples,
+        dataclasses.replace(context, sampling_time_s=samples.wall_time_s),
+        declared_verification(adapter.chain),
     )
     for result in results:
         if result.verdict is Verdict.SUBOPTIMAL:
