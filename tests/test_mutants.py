@@ -25,6 +25,7 @@ from losslessness.cli import main
 from losslessness.design import AuditConfig
 from losslessness.engine import run_audit
 from losslessness.engine.draw import sample_chain, sample_greedy
+from losslessness.reference.block import declared_verification
 from losslessness.results import CheckContext, TargetVerdict, Verdict
 
 CASE_STEPS = 4000
