@@ -329,9 +329,10 @@ def _run_on_ray(
         if address
         else "Ray (a local instance unless RAY_ADDRESS or 'ray start' names a cluster)"
     )
+    count = f"{shard_count} shards" if shard_count else "one shard per CPU"
     console.print(
         f"nightly plan {fingerprint[:12]}: {n_units} units, budget {config.budget:g}x CI, "
-        f"seed {config.seed}; running {shard_count or 'one per CPU'} shards on {where}"
+        f"seed {config.seed}; running {count} on {where}"
     )
     began = time.perf_counter()
     try:

@@ -121,8 +121,8 @@ def run_shards_on_ray(
 
     Args:
         config: the night (the same one on every shard; it is pickled to the tasks).
-        work_dir: where each task's property-suite runs go (``work_dir/suite/<target>``); the
-            path must be writable on every node.
+        work_dir: where each task's property-suite runs go (``work_dir/suite/<target>``),
+            made absolute on this process; the path must be writable on every node.
         shards: N, the number of shards (>= 1); None: one per CPU the cluster reports (see
             :func:`default_shard_count`). The merged result does not depend on N.
         address: a Ray address (``local``, ``auto``, ``host:port``, ``ray://host:10001``) or
@@ -172,7 +172,9 @@ def run_shards_on_ray(
         task = ray.remote(_run_shard_task).options(
             num_cpus=1, num_gpus=gpus_per_shard, name="losslessness-nightly-shard"
         )
-        pending = {task.remote(config, spec, str(work_dir)): spec for spec in specs}
+        # Absolute: a worker's working directory need not be this process's.
+        folder = str(Path(work_dir).resolve())
+        pending = {task.remote(config, spec, folder): spec for spec in specs}
         results: dict[ShardSpec, ShardResult] = {}
         if progress is not None:
             progress(0, count, f"{count} shards on Ray")
