@@ -12,10 +12,17 @@ Several processes or machines (the same options on each)::
     losslessness nightly --shard 1/2 --out B       # writes B/shard-1-of-2.npz
     losslessness merge A/shard-0-of-2.npz B/shard-1-of-2.npz --out DIR
 
-Both end in DIR/report.html, report.md, junit.xml, report.json, nightly.json (plan, error
-budget, shards, suite runs) and suite-junit-<target>.xml (pytest's own report of each suite
-run). Exit codes: 0 lossless, 1 lossy, 2 usage error, 3 a check crashed or a named target did
-not load.
+On a Ray cluster (``pip install 'losslessness[ray]'``; one task per shard, one GPU each with
+``--device cuda``)::
+
+    losslessness nightly --ray --out DIR                   # a local Ray instance
+    losslessness nightly --ray HOST:6379 --shards 8 --out DIR
+
+which writes DIR/shard-i-of-N.npz for every shard, then merges them as ``losslessness merge``
+does. All of them end in DIR/report.html, report.md, junit.xml, report.json, nightly.json
+(plan, error budget, shards, suite runs) and suite-junit-<target>.xml (pytest's own report of
+each suite run). Exit codes: 0 lossless, 1 lossy, 2 usage error, 3 a check crashed or a named
+target did not load.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -137,6 +145,28 @@ def _split(values: tuple[str, ...]) -> tuple[str, ...]:
     "'losslessness merge' joins the shards.",
 )
 @click.option(
+    "--ray",
+    "ray_address",
+    is_flag=False,
+    flag_value="",
+    default=None,
+    metavar="[ADDRESS]",
+    help="Run every shard as a task on Ray (pip install 'losslessness[ray]'): alone, a new "
+    "local Ray instance (unless RAY_ADDRESS or an earlier 'ray start' on this machine names "
+    "a cluster); with ADDRESS (local, auto, HOST:PORT, ray://HOST:10001), that cluster. Each "
+    "shard asks for one GPU with --device cuda. Writes every shard file, then merges them and "
+    "writes the reports.",
+)
+@click.option(
+    "--shards",
+    "shard_count",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="N",
+    help="With --ray: the number of shards (default one per CPU the cluster reports); the "
+    "merged result does not depend on it.",
+)
+@click.option(
     "--targets",
     "targets",
     multiple=True,
@@ -167,6 +197,8 @@ def nightly_command(
     budget: float | None,
     out_dir: Path,
     shard_text: str | None,
+    ray_address: str | None,
+    shard_count: int | None,
     targets: tuple[str, ...],
     no_suite: bool,
     suite_profile: str | None,
@@ -180,8 +212,19 @@ def nightly_command(
     device checks, and the property suite; reports in --out DIR.
 
     Every shard of one night must get the same options (the plan they share is checked on
-    merge); --shard i/N writes DIR/shard-i-of-N.npz instead of reports.
+    merge); --shard i/N writes DIR/shard-i-of-N.npz instead of reports; --ray runs all
+    shards as Ray tasks, writes their files and the reports.
     """
+    if ray_address is not None and shard_text is not None:
+        raise click.UsageError(
+            "--ray runs every shard of the night itself; it cannot be combined with "
+            "--shard i/N (use --shards N for the number of shards)"
+        )
+    if shard_count is not None and ray_address is None:
+        raise click.UsageError(
+            "--shards N needs --ray; without Ray, run each shard with --shard i/N and join "
+            "them with 'losslessness merge'"
+        )
     try:
         spec = parse_shard_spec(shard_text or "0/1")
     except ValueError as error:
@@ -211,6 +254,19 @@ def nightly_command(
             param_hint="--suite-targets",
         )
     console = Console(stderr=True)
+    if ray_address is not None:
+        _run_on_ray(
+            config,
+            plan.fingerprint,
+            len(plan.units),
+            out_dir,
+            ray_address or None,
+            shard_count,
+            no_progress,
+            console,
+            history,
+        )
+        return
     console.print(
         f"nightly plan {plan.fingerprint[:12]}: {len(plan.units)} units, budget "
         f"{config.budget:g}x CI, seed {config.seed}; running shard {spec}"
@@ -226,6 +282,63 @@ def nightly_command(
         return
     save_shard(shard, out_dir / spec.file_name)
     _finish(finish_run([shard]), out_dir, history)
+
+
+def _run_on_ray(
+    config: RunConfig,
+    fingerprint: str,
+    n_units: int,
+    out_dir: Path,
+    address: str | None,
+    shard_count: int | None,
+    no_progress: bool,
+    console: Console,
+    history: tuple[Path, ...],
+) -> None:
+    """``nightly --ray``: every shard as a Ray task, their files in ``out_dir``, then the merge
+    of those files (as ``losslessness merge`` does) and the reports."""
+    from losslessness.engine.cluster import (
+        InsufficientResources,
+        RayNotInstalled,
+        run_shards_on_ray,
+    )
+
+    where = (
+        f"the Ray cluster at {address}"
+        if address
+        else "Ray (a local instance unless RAY_ADDRESS or 'ray start' names a cluster)"
+    )
+    count = f"{shard_count} shards" if shard_count else "one shard per CPU"
+    console.print(
+        f"nightly plan {fingerprint[:12]}: {n_units} units, budget {config.budget:g}x CI, "
+        f"seed {config.seed}; running {count} on {where}"
+    )
+    began = time.perf_counter()
+    try:
+        with progress_bar("shards", quiet=no_progress) as update:
+            shards = run_shards_on_ray(
+                config,
+                out_dir,
+                shard_count,
+                address=address,
+                gpus_per_shard=1.0 if config.device == "cuda" else 0.0,
+                progress=update,
+            )
+    except (RayNotInstalled, InsufficientResources) as error:
+        raise click.UsageError(str(error)) from error
+    except ConnectionError as error:
+        raise click.BadParameter(str(error), param_hint="--ray") from error
+    seconds = time.perf_counter() - began
+    paths = [save_shard(shard, out_dir / shard.shard.file_name) for shard in shards]
+    console.print(
+        f"ran {len(shards)} shards on Ray in {seconds:.1f} s; wrote {out_dir}/"
+        f"shard-{{0..{len(shards) - 1}}}-of-{len(shards)}.npz"
+    )
+    try:
+        result = finish_run([load_shard(path) for path in paths])
+    except (ShardMergeError, ValueError) as error:
+        raise click.UsageError(str(error)) from error
+    _finish(result, out_dir, history)
 
 
 @click.command(name="merge")

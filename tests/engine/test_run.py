@@ -28,20 +28,21 @@ from losslessness.results import CheckKind, TargetVerdict, Verdict
 
 # p-values of ``losslessness audit reference --case C --steps 7001`` (seed 0) computed with
 # the audit as it was before the run engine (commit b1db442): the engine must reproduce them
-# exactly, with the same seeds. (check id, position, row) -> p-value.
+# exactly, with the same seeds. (check id, position, row) -> p-value. Acceptance at positions
+# >= 1 is left out: it now tests the prefix against a bound valid for every lossless verifier
+# (block verification, issue 12), a deliberate change of statistic.
 PINNED = {
     ("v2-tilted", 8427797254466989094): {
         ("law", 0, 0): 0.6898054712813149,
         ("law", 1, 0): 0.848093664488218,
         ("law", 2, 0): 0.45035736830766204,
         ("acceptance", 0, 0): 0.28881495338141827,
-        ("acceptance", 1, 0): 0.6615495169943499,
         ("independence", 0, 0): 0.49311759776534436,
     },
     ("v32-mixed-batch", 8135871220636649279): {
         ("law", 2, 1): 0.5127152992156359,
         ("law", 1, 2): 0.7495626314855366,
-        ("acceptance", 1, 2): 0.9878090622822648,
+        ("acceptance", 0, 2): 0.4560431817564962,
         ("independence", 0, 2): 0.05193516014224111,
     },
 }
