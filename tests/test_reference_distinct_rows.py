@@ -225,9 +225,15 @@ def _row_by_row(
         (16, 3, torch.float32, 7 * 16 * 5),
         (300, 0, torch.float64, 300 * 3),
         (1000, 2, torch.float32, 5 * 1000 * 4),
-        (32_000, 1, torch.float32, None),
+        (32_000, 1, torch.float32, 3 * 32_000 * 2),
     ],
-    ids=["V16-k3-f64-chunk7", "V16-k3-f32-chunk5", "V300-k0-chunk3", "V1000-k2-f32", "V32000"],
+    ids=[
+        "V16-k3-f64-chunk7",
+        "V16-k3-f32-chunk5",
+        "V300-k0-chunk3",
+        "V1000-k2-f32-chunk4",
+        "V32000-k1-f32-chunk2",
+    ],
 )
 def test_per_row_path_on_distinct_rows_equals_the_shared_path_row_by_row(
     monkeypatch: pytest.MonkeyPatch,
@@ -334,14 +340,21 @@ def test_row_sums_of_narrow_rows_equal_the_reductions_own_conversion(vocab: int)
 
 
 @pytest.mark.parametrize(("k", "vocab"), [(0, 1), (4, 32), (4, 32_000), (8, 150_000)])
-def test_per_row_chunks_bound_the_memory_whatever_the_batch(k: int, vocab: int) -> None:
-    """A chunk holds at most ``max(PER_ROW_CHUNK_ELEMENTS, (2k+1) V)`` input entries (4 MiB
-    of float64, or one row), so the per-row path's temporaries do not grow with B."""
-    rows = chain._rows_per_chunk(k, vocab)
+@pytest.mark.parametrize(
+    ("device", "budget"),
+    [("cpu", chain.PER_ROW_CHUNK_ELEMENTS), ("cuda", chain.ACCELERATOR_CHUNK_ELEMENTS)],
+)
+def test_per_row_chunks_bound_the_memory_whatever_the_batch(
+    k: int, vocab: int, device: str, budget: int
+) -> None:
+    """A chunk holds at most ``max(budget, (2k+1) V)`` input entries (8 MiB of float64 on CPU,
+    128 MiB elsewhere, or one row), and is as large as that allows, so the per-row path's
+    temporaries do not grow with B."""
+    rows = chain._rows_per_chunk(k, vocab, torch.device(device))
     per_row = (2 * k + 1) * vocab
     assert rows >= 1
-    assert rows * per_row <= max(chain.PER_ROW_CHUNK_ELEMENTS, per_row)
-    assert (rows + 1) * per_row > chain.PER_ROW_CHUNK_ELEMENTS
+    assert rows * per_row <= max(budget, per_row)
+    assert (rows + 1) * per_row > budget
 
 
 def _spy(calls: list[int]) -> Callable[..., None]:
