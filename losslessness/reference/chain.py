@@ -16,7 +16,9 @@ memory (the caller passed ``p.expand(B, k+1, V)`` and ``q.expand(B, k, V)``: str
 batch), the acceptance ratios and the k+1 possible final laws are computed once, as tables,
 and each row only gathers from them and binary-searches one cumulative table
 (:func:`losslessness.reference.sampling.sample_inverse_cdf_from_tables`): ``O(k V + B k log V)``.
-Otherwise every row gets its own tables, vectorised over rows: ``O(B k V)``.
+Otherwise every row gets its own tables, vectorised over rows, in chunks of rows that stay in
+cache (``_verify_per_row``): ``O(B k V)`` time, memory bounded whatever B is. Both paths do the
+same float operations, so each emits exactly what the other would for the same uniforms.
 """
 
 from __future__ import annotations
@@ -246,6 +248,60 @@ def _verify_validated(
     )
 
 
+_CPU = torch.device("cpu")
+
+PER_ROW_CHUNK_ELEMENTS = 1 << 20
+"""Input entries (``rows * (2k+1) * V``) per chunk of the per-row path: 8 MiB of float64, so
+a chunk's rows stay in the last-level cache from the pass that sums them to the gathers that
+read them again, while a chunk is large enough that the ~50 tensor operations it costs are
+paid a few dozen times per 1e5 rows, not hundreds (at V = 32, k = 4: 3,640 rows a chunk; the
+CPU time per 1e5 rows is flat from 2^20 to 2^22 and 2.9x higher at 2^16). The chunk's
+``[rows, V]`` temporaries stay below 8 MiB each whatever the batch is."""
+
+
+ACCELERATOR_CHUNK_ELEMENTS = 1 << 24
+"""The same bound off CPU (CUDA, MPS): there the chunks only bound memory (128 MiB of float64
+input, temporaries below that), and fewer chunks mean fewer kernel launches and host syncs."""
+
+
+def _rows_per_chunk(k: int, vocab: int, device: torch.device = _CPU) -> int:
+    """Batch rows per chunk of :func:`_verify_per_row` on ``device``: at least 1, and at most
+    ``PER_ROW_CHUNK_ELEMENTS / ((2k+1) V)`` on CPU (``ACCELERATOR_CHUNK_ELEMENTS`` elsewhere)
+    when that is 1 or more."""
+    budget = PER_ROW_CHUNK_ELEMENTS if device.type == "cpu" else ACCELERATOR_CHUNK_ELEMENTS
+    return max(1, budget // ((2 * k + 1) * vocab))
+
+
+@dataclass(frozen=True)
+class _ChunkIndex:
+    """Flat offsets shared by every chunk of :func:`_verify_per_row` (built once per call).
+
+    Attributes:
+        target_entries: ``[c, k]`` int64, ``b (k+1) V + i V``: the offset of row b, position
+            i of a contiguous ``[c, k+1, V]`` chunk; adding the token id gives its entry.
+        draft_entries: ``[c, k]`` int64, ``b k V + i V``, the same for ``[c, k, V]``.
+        target_rows: ``[c]`` int64, ``b (k+1)``: row b's first row in ``[c * (k+1), V]``.
+        draft_rows: ``[c]`` int64, ``b k``, the same for ``[c * k, V]``.
+    """
+
+    target_entries: torch.Tensor
+    draft_entries: torch.Tensor
+    target_rows: torch.Tensor
+    draft_rows: torch.Tensor
+
+    @classmethod
+    def build(cls, rows: int, k: int, vocab: int, device: torch.device) -> _ChunkIndex:
+        """Offsets for chunks of up to ``rows`` rows of ``[rows, k+1, V]`` / ``[rows, k, V]``."""
+        batch = torch.arange(rows, device=device, dtype=torch.int64)
+        position = torch.arange(k, device=device, dtype=torch.int64) * vocab
+        return cls(
+            target_entries=(batch * ((k + 1) * vocab)).unsqueeze(1) + position,
+            draft_entries=(batch * (k * vocab)).unsqueeze(1) + position,
+            target_rows=batch * (k + 1),
+            draft_rows=batch * k,
+        )
+
+
 def _verify_per_row(
     target_probs: torch.Tensor,
     draft_probs: torch.Tensor,
@@ -253,26 +309,157 @@ def _verify_per_row(
     accept_uniforms: torch.Tensor,
     sample_uniforms: torch.Tensor,
 ) -> torch.Tensor:
-    """Every row its own tables: ``[B, k+1, V]`` read once, ``O(B V)`` for the final draw."""
+    """Every row its own tables, in chunks of rows: ``O(B k V)`` time, bounded memory.
+
+    Each chunk of :func:`_rows_per_chunk` rows is read once from memory (the row sums), then
+    its drafted entries and its two stopping rows are gathered while it is in cache, and one
+    law per row (the residual or p_k) is built, summed into one cumulative table per row and
+    searched, all vectorised over the chunk (:func:`_final_tokens`). The float operations are
+    those of :func:`_verify_shared`, so the outputs equal it for the same uniforms. Memory:
+    the ``[B, k+1]`` output and ``O(B)`` decisions, plus temporaries of a few ``[c, V]``
+    rows per chunk (``c (2k+1) V <= PER_ROW_CHUNK_ELEMENTS`` on CPU, or one row when a row is
+    larger), whatever B is.
+    """
     batch, k = draft_token_ids.shape
-    dtype = compute_dtype(target_probs.device)
+    device = target_probs.device
     ids = draft_token_ids.to(torch.int64)
-    rows = torch.arange(batch, device=target_probs.device)
+    n_accepted = torch.empty(batch, dtype=torch.int64, device=device)
+    final = torch.empty(batch, dtype=torch.int64, device=device)
+    step = _rows_per_chunk(k, target_probs.shape[-1], device)
+    index = _ChunkIndex.build(min(step, batch), k, target_probs.shape[-1], device)
+    for start in range(0, batch, step):
+        rows = slice(start, min(batch, start + step))
+        _verify_rows(
+            target_probs[rows],
+            draft_probs[rows],
+            ids[rows],
+            accept_uniforms[rows],
+            sample_uniforms[rows],
+            index,
+            n_accepted[rows],
+            final[rows],
+        )
+    return emitted_tokens(ids, n_accepted, final)
+
+
+def _verify_rows(
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor,
+    ids: torch.Tensor,
+    accept_uniforms: torch.Tensor,
+    sample_uniforms: torch.Tensor,
+    index: _ChunkIndex,
+    n_accepted: torch.Tensor,
+    final: torch.Tensor,
+) -> None:
+    """One chunk of :func:`_verify_per_row`: fills ``n_accepted`` and ``final`` (``[c]``)."""
+    k = ids.shape[1]
+    dtype = compute_dtype(target_probs.device)
     if k > 0:
         # Rows are valid to 1e-5; dividing by the row sums makes the law followed exactly
-        # "row / row sum". Only the gathered entries and one row per step are converted, never
-        # a float64 copy of the whole [B, k+1, V] input.
-        p_sums = target_probs[:, :k].sum(dim=-1, dtype=dtype)
-        q_sums = draft_probs.sum(dim=-1, dtype=dtype)
-        p_draft = target_probs[:, :k].gather(-1, ids.unsqueeze(-1)).squeeze(-1).to(dtype)
-        q_draft = draft_probs.gather(-1, ids.unsqueeze(-1)).squeeze(-1).to(dtype)
-        n_accepted = accepted_lengths(accept_uniforms < (p_draft / p_sums) / (q_draft / q_sums))
-        draft_rows = draft_probs[rows, n_accepted.clamp(max=k - 1)]
+        # "row / row sum". Only the gathered entries and two rows per step are converted,
+        # never a float64 copy of the whole [B, k+1, V] input.
+        p_sums = _row_sums(target_probs[:, :k], dtype)
+        q_sums = _row_sums(draft_probs, dtype)
+        # (p_d / p_sum) / (q_d / q_sum), in place on the freshly gathered entries.
+        ratio = _entries_at(target_probs, ids, index.target_entries, dtype).div_(p_sums)
+        ratio.div_(_entries_at(draft_probs, ids, index.draft_entries, dtype).div_(q_sums))
+        n_accepted.copy_(accepted_lengths(accept_uniforms < ratio))
+        draft_rows = _rows_at(draft_probs, n_accepted.clamp(max=k - 1), index.draft_rows)
     else:
-        n_accepted = torch.zeros(batch, dtype=torch.int64, device=target_probs.device)
-        draft_rows = target_probs[:, 0]
-    laws = _final_laws(target_probs[rows, n_accepted], draft_rows, n_accepted == k)
-    return emitted_tokens(ids, n_accepted, sample_inverse_cdf(laws, sample_uniforms))
+        n_accepted.zero_()
+    target_rows = _rows_at(target_probs, n_accepted, index.target_rows)
+    if k == 0:
+        draft_rows = target_rows  # every row is the bonus: q is never read
+    final.copy_(_final_tokens(target_rows, draft_rows, n_accepted == k, sample_uniforms))
+
+
+def _row_sums(probs: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``probs.sum(dim=-1, dtype=dtype)`` (the shared path's form, to the bit), ``[..., V]`` ->
+    ``[...]``. A narrower input on CPU is converted first: the same sums (pinned by
+    ``tests/test_reference_distinct_rows.py``), about 4x faster than the reduction's own
+    conversion."""
+    if probs.dtype == dtype or probs.device.type != "cpu":
+        return probs.sum(dim=-1, dtype=dtype)
+    return probs.to(dtype).sum(dim=-1)
+
+
+def _entries_at(
+    probs: torch.Tensor, ids: torch.Tensor, offsets: torch.Tensor, dtype: torch.dtype
+) -> torch.Tensor:
+    """``probs[b, i, ids[b, i]]`` for ``i < k``: ``[c, m, V]``, ``[c, k]`` -> ``[c, k]`` in
+    ``dtype``, always a fresh tensor (callers divide it in place). An index-select on the flat
+    storage at ``offsets[:c] + ids`` when the chunk is contiguous (about twice as fast as a
+    gather), else a gather."""
+    batch, k = ids.shape
+    if probs.is_contiguous():
+        flat = offsets[:batch].add(ids).view(-1)
+        entries = probs.view(-1).index_select(0, flat).view(batch, k)
+    else:
+        entries = probs[:, :k].gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+    return entries.to(dtype)
+
+
+def _rows_at(probs: torch.Tensor, position: torch.Tensor, first_rows: torch.Tensor) -> torch.Tensor:
+    """``probs[b, position[b]]``: ``[c, m, V]``, ``[c]`` -> ``[c, V]``, always a fresh tensor
+    in the input dtype. An index-select of whole rows at ``first_rows[:c] + position`` when
+    the batch and position axes flatten into one (``first_rows[b] = b m``), else a gather."""
+    batch, positions, vocab = probs.shape
+    if probs.stride(0) == positions * probs.stride(1):
+        return probs.flatten(0, 1).index_select(0, first_rows[:batch].add(position))
+    index = position.view(batch, 1, 1).expand(batch, 1, vocab)
+    return probs.gather(1, index).squeeze(1)
+
+
+def _final_tokens(
+    target_rows: torch.Tensor,
+    draft_rows: torch.Tensor,
+    bonus: torch.Tensor,
+    sample_uniforms: torch.Tensor,
+) -> torch.Tensor:
+    """The token emitted after the accepted drafts, one law per row, by inverse CDF.
+
+    Equal, token for token, to
+    ``sample_inverse_cdf(_final_laws(target_rows, draft_rows, bonus), sample_uniforms)``:
+    the same float operations, done in place on the rows (rows that are the bonus, or whose
+    residual has no mass, are overwritten with p afterwards instead of a ``where`` over every
+    row; the residual is skipped when every row is the bonus).
+
+    Args:
+        target_rows: ``[N, V]`` p at the stopping position (unnormalised within 1e-5); a
+            fresh tensor, overwritten.
+        draft_rows: ``[N, V]`` q at the stopping position (any row where ``bonus``); a fresh
+            tensor, overwritten.
+        bonus: ``[N]`` bool, all k drafts accepted: the law is p_k itself.
+        sample_uniforms: ``[N]`` float in ``[0, 1)`` in the compute dtype.
+
+    Returns:
+        ``[N]`` int64 token ids. Never a token of zero mass in its law, so never a token with
+        p = 0 (the residual is at most p), and never a token of a residual without mass: such
+        a row draws from p (a rejection there has probability 0; it happens only when the
+        acceptance ratio rounds below 1, and p is then the law of the limit q -> p, as in
+        :func:`losslessness.reference.laws.residual_distribution`).
+    """
+    dtype = compute_dtype(target_rows.device)
+    if dtype != torch.float64:
+        # residual_distribution computes in float64: keep the exact composition off CPU/CUDA.
+        return sample_inverse_cdf(_final_laws(target_rows, draft_rows, bonus), sample_uniforms)
+    p = target_rows.to(dtype)
+    p.div_(p.sum(dim=-1, keepdim=True))
+    if bool(bonus.all()):
+        return sample_inverse_cdf(p, sample_uniforms)
+    q = draft_rows.to(dtype)
+    q.div_(q.sum(dim=-1, keepdim=True))
+    # The operations of laws.residual_distribution, in place on q.
+    law = torch.sub(p, q, out=q).clamp_(min=0.0)
+    peak = law.amax(dim=-1, keepdim=True)
+    positive = peak > 0
+    law.div_(torch.where(positive, peak, 1.0))
+    law.div_(law.sum(dim=-1, keepdim=True))
+    take_p = torch.nonzero(bonus | ~positive.squeeze(1)).squeeze(1)
+    if take_p.numel():
+        law.index_copy_(0, take_p, p.index_select(0, take_p))
+    return sample_inverse_cdf(law, sample_uniforms)
 
 
 def _verify_shared(

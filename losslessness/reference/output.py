@@ -32,7 +32,11 @@ def accepted_lengths(accepted: torch.Tensor) -> torch.Tensor:
 
 
 def emitted_tokens(
-    draft_token_ids: torch.Tensor, n_accepted: torch.Tensor, final_token: torch.Tensor
+    draft_token_ids: torch.Tensor,
+    n_accepted: torch.Tensor,
+    final_token: torch.Tensor,
+    *,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Lay out one verification step's output in the protocol's format.
 
@@ -41,16 +45,34 @@ def emitted_tokens(
         n_accepted: ``[B]`` int64 in ``[0, k]``, accepted drafts per row.
         final_token: ``[B]`` int64, the token emitted after the accepted drafts (the
             correction at the first rejection, or the bonus token when all k were accepted).
+        out: optional ``[B, k+1]`` int64 tensor (for instance a slice of a larger output,
+            so a caller working in chunks writes each chunk in place) to fill and return.
 
     Returns:
-        ``[B, k+1]`` int64: ``d_0 .. d_{m-1}, final, -1 ...`` with ``m = n_accepted``.
+        ``[B, k+1]`` int64: ``d_0 .. d_{m-1}, final, -1 ...`` with ``m = n_accepted``
+        (``out`` itself when it is given).
+
+    Raises:
+        ValueError: ``out`` is not an int64 tensor of shape ``[B, k+1]`` on the drafts' device.
     """
-    k = draft_token_ids.shape[1]
+    batch, k = draft_token_ids.shape
     positions = torch.arange(k + 1, device=draft_token_ids.device)
-    # One [B, k+1] allocation, filled in place: drafts, then -1 after the final token's slot,
-    # then the final token (fewer passes than a full(-1) and a where over the drafts).
     final = final_token.to(torch.int64).unsqueeze(1)
-    out = torch.cat([draft_token_ids.to(torch.int64), final], dim=1)
+    if out is None:
+        # One [B, k+1] allocation, filled in place: drafts, then -1 after the final token's
+        # slot, then the final token (fewer passes than a full(-1) and a where over the drafts).
+        out = torch.cat([draft_token_ids.to(torch.int64), final], dim=1)
+    else:
+        if (
+            tuple(out.shape) != (batch, k + 1)
+            or out.dtype != torch.int64
+            or out.device != draft_token_ids.device
+        ):
+            raise ValueError(
+                f"out: expected an int64 [B, k+1] = {(batch, k + 1)} tensor on "
+                f"{draft_token_ids.device}, got {out.dtype} {tuple(out.shape)} on {out.device}"
+            )
+        out[:, :k] = draft_token_ids
     out.masked_fill_(positions.unsqueeze(0) > n_accepted.unsqueeze(1), PLACEHOLDER)
     out.scatter_(1, n_accepted.unsqueeze(1), final)
     return out
