@@ -13,7 +13,8 @@ Two APIs exist (``flashinfer/sampling.py``, https://github.com/flashinfer-ai/fla
   written into column ``min(m + 1, k)``; the decisions are unchanged and the final token
   inverts the CDF at ``sample_uniforms`` exactly as the protocol says. This version takes the
   protocol's ``uniforms=`` (coupled comparison).
-- **0.2.3 and later** (uniforms removed; checked up to 0.3/0.4):
+- **0.2.3 and later** (uniforms removed; the signature below is FlashInfer 0.7.2's, read in its
+  ``flashinfer/sampling.py``; CUDA only, so never run here):
   ``chain_speculative_sampling(draft_probs, draft_token_ids, target_probs,
   maybe_output_accepted_token_num=None, maybe_output_emitted_draft_token_num=None,
   deterministic=True, generator=None, seed=None, offset=None)`` returning ``(output_token_ids,
@@ -41,6 +42,19 @@ from losslessness.adapters.base import (
 )
 from losslessness.protocol import PLACEHOLDER, validate_chain_inputs
 from losslessness.reference import ChainUniforms
+
+CHECKED_UP_TO = "0.7.2"
+"""The newest FlashInfer whose ``chain_speculative_sampling`` signature this adapter matches."""
+
+GENERATOR_PARAMETERS = (
+    "draft_probs",
+    "draft_token_ids",
+    "target_probs",
+    "deterministic",
+    "generator",
+)
+"""Parameters of the >= 0.2.3 ``chain_speculative_sampling`` this adapter passes (0.7.2 adds
+``seed`` and ``offset``, left at None)."""
 
 
 def _first(result: Any) -> torch.Tensor:
@@ -150,8 +164,15 @@ def adapter(device: str = "cuda") -> Adapter:
         chain = FlashInferUniformSampler(function, device)
         how = "explicit uniform_samples (<= 0.2.2; coupled)"
     elif "generator" in parameters:
+        missing = [name for name in GENERATOR_PARAMETERS if name not in parameters]
+        if missing:
+            raise AdapterUnavailable(
+                f"flashinfer {version}: API changed, chain_speculative_sampling lost "
+                f"{', '.join(missing)} (checked against 0.2.3-{CHECKED_UP_TO}); install it with: "
+                f"pip install flashinfer-python=={CHECKED_UP_TO}"
+            )
         chain = FlashInferGeneratorSampler(function, device)
-        how = "CUDA generator (>= 0.2.3; no uniforms)"
+        how = f"CUDA generator (0.2.3-{CHECKED_UP_TO} API; no uniforms)"
     else:
         raise AdapterUnavailable(
             f"flashinfer {version}: API changed, chain_speculative_sampling"

@@ -1,36 +1,52 @@
-"""SGLang's tree speculative sampling kernel, a chain being a degenerate tree.
+"""SGLang's speculative verification kernels, wrapped into the chain and greedy protocols.
 
-Written against ``sgl-kernel/python/sgl_kernel/speculative.py`` (sgl-kernel 0.1.x-0.3.x, the
-signature with ``uniform_samples_for_final_sampling``; https://github.com/sgl-project/sglang):
-``tree_speculative_sampling_target_only(predicts, accept_index, accept_token_num, candidates,
-retrive_index, retrive_next_token, retrive_next_sibling, uniform_samples,
-uniform_samples_for_final_sampling, target_probs, draft_probs, threshold_single=1.0,
-threshold_acc=1.0, deterministic=True)``, and its kernel
-(``sgl-kernel/csrc/speculative/speculative_sampling.cuh``, ``TreeSpeculativeSamplingTargetOnly``).
+Checked against SGLang 0.5.23 (:data:`SGLANG`); outside it the adapter compares the signatures
+it calls with the ones below and, where they differ, is UNAVAILABLE with the parameters added
+and removed and the install command (:mod:`losslessness.adapters.engines`).
 
-The kernel is "target only": it accepts a child token d with coin ``u <= p(d)`` (with
-``threshold_acc = threshold_single = 1``), which is Leviathan et al.'s rule ``u < p(d)/q(d)``
-for a *deterministic* draft, q = one-hot(d) (EAGLE's top-1 chain); after a rejection it sets
-``draft_probs[d] = p(d)`` and samples the final token from ``relu(p - draft_probs)``, i.e.
-p without d. SGLang passes zeros as ``draft_probs``; so do we. The verifier therefore requires
-one-hot draft rows (``requires_one_hot_draft = True``; other inputs raise InvalidInputError):
-on stochastic drafts the kernel is not the chain algorithm, and calling it there would report
-a loss SGLang never incurs.
+Targets:
 
-Chain as a tree, per row b (``N = k+1`` nodes, node 0 the root, node j the j-th draft):
-``candidates[b] = [0, d_0, .., d_{k-1}]`` int64 (the root's token is never read);
-``retrive_index[b, j] = b*N + j``; ``retrive_next_token[b, j] = j+1`` (-1 at j = k);
-``retrive_next_sibling = -1``; ``target_probs[b, j] = p_j`` (the law after node j);
-``uniform_samples[b, j] = accept_uniforms[b, j]`` (the coin for node j's child; column k
-unused); ``uniform_samples_for_final_sampling[b] = sample_uniforms[b]``; ``num_speculative_tokens
-= k+1`` (the width of ``accept_index``). Output: ``accept_index[b, 0..m]`` are the accepted
-nodes' slots (m = ``accept_token_num[b]``) and ``predicts`` at those slots the emitted tokens:
-the drafts, then the final token.
+- ``sglang``: ``sglang.kernels.ops.speculative.reject_sampling.chain_speculative_sampling_triton``
+  (Triton; :data:`CHAIN_PARAMETERS`), chain rejection sampling with stochastic drafts, and the
+  greedy tree verifier ``sglang.kernels.ops.speculative.spec_tree.verify_tree_greedy_triton``
+  (:data:`GREEDY_PARAMETERS`) on a chain-shaped tree. On CUDA or, without CUDA, through
+  Triton's interpreter on CPU tensors (the adapter sets ``TRITON_INTERPRET=1`` before the
+  import).
+- ``sglang-block``: the same chain kernel with ``block_verification=True`` (Sun et al. 2024,
+  "Block verification accelerates speculative decoding", Alg. 2): lossless, but it accepts
+  more than ``sum min(p, q)`` at positions >= 1, which the acceptance check of this version
+  wrongly reports as LOSSY (a known false alarm, being fixed in the check).
+- ``sglang-tree``: the CUDA tree sampler ``tree_speculative_sampling_target_only`` (sgl-kernel,
+  or ``sglang.kernels.ops.speculative.sampling`` in SGLang 0.5.x), GPU only (below).
+
+**Chain kernel conventions** (``speculative_sampling_classic_kernel``): per row b, ``N = k+1``
+slots, slot 0 the root: ``candidates[b] = [0, d_0 .. d_{k-1}]`` int64, ``retrive_index[b, j] =
+b*N + j``, ``retrive_next_token``/``retrive_next_sibling`` (not read by the chain kernel),
+``uniform_samples[b, j]`` the coin of draft j (accept iff ``coin * q < p``, q in (0, 1]),
+``uniform_samples_for_final_sampling[b]`` the uniform of the final token, drawn by inverse CDF
+of ``relu(p - q)`` (or p_k after k acceptances): the first token whose cumulative mass exceeds
+``u * total``. That is the protocol's ``uniforms=`` convention exactly, so decisions *and* the
+final token are coupled with the CPU reference (float32 rounding aside). ``target_probs``
+``[B, k+1, V]`` and ``draft_probs`` ``[B, k, V]`` float32; ``threshold_single =
+threshold_acc = 1``. Output: ``accept_index[b, 0..m]`` the accepted slots (m =
+``accept_token_num[b]``) and ``predicts`` at them the emitted tokens.
+
+**Greedy** (``verify_tree_greedy_kernel_triton``): ``target_predict [B, N]`` is the target's
+argmax at every slot, computed by the adapter with ``torch.argmax`` (as SGLang's worker does,
+ties to the lowest index); the kernel walks the chain while the draft equals it.
+
+**CUDA tree sampler** (``tree_speculative_sampling_target_only``, "target only"): accepts a
+child d with coin ``u <= p(d)``, which is rejection sampling for a *deterministic* draft
+(q = one-hot(d), EAGLE's top-1 chain); after a rejection it samples ``relu(p - q)`` with
+``draft_probs[d] = p(d)``. SGLang passes zeros as ``draft_probs``; so does the adapter, which
+requires one-hot draft rows (``requires_one_hot_draft = True``).
 """
 
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -41,10 +57,65 @@ from losslessness.adapters.base import (
     import_optional,
     require_cuda,
 )
-from losslessness.protocol import PLACEHOLDER, InvalidInputError, validate_chain_inputs
+from losslessness.adapters.engines import (
+    REQUIREMENTS_FILE,
+    EngineSpec,
+    engine_device,
+    import_engine_module,
+    mode_description,
+    prepare_engine,
+    require_interpreted,
+    require_parameters,
+    version_note,
+)
+from losslessness.protocol import (
+    PLACEHOLDER,
+    InvalidInputError,
+    validate_chain_inputs,
+    validate_greedy_inputs,
+)
 from losslessness.reference import ChainUniforms
 
-EXPECTED_PARAMETERS = (
+SGLANG = EngineSpec(
+    "sglang",
+    ("0.5.23",),
+    f"pip install -c constraints.txt -r {REQUIREMENTS_FILE} && pip install --no-deps "
+    "sglang==0.5.23",
+)
+"""SGLang as these adapters were checked against it (CPU interpreter; CUDA path unchanged)."""
+
+CHAIN_PARAMETERS = (
+    "predicts",
+    "accept_index",
+    "accept_token_num",
+    "candidates",
+    "retrive_index",
+    "retrive_next_token",
+    "retrive_next_sibling",
+    "uniform_samples",
+    "uniform_samples_for_final_sampling",
+    "target_probs",
+    "draft_probs",
+    "threshold_single",
+    "threshold_acc",
+    "deterministic",
+    "block_verification",
+)
+"""``chain_speculative_sampling_triton``'s parameters at SGLang 0.5.23."""
+
+GREEDY_PARAMETERS = (
+    "predicts",
+    "accept_index",
+    "accept_token_num",
+    "candidates",
+    "retrieve_index",
+    "retrieve_next_token",
+    "retrieve_next_sibling",
+    "target_predict",
+)
+"""``verify_tree_greedy_triton``'s parameters at SGLang 0.5.23."""
+
+TREE_PARAMETERS = (
     "predicts",
     "accept_index",
     "accept_token_num",
@@ -60,7 +131,7 @@ EXPECTED_PARAMETERS = (
     "threshold_acc",
     "deterministic",
 )
-"""Parameters of ``tree_speculative_sampling_target_only`` this adapter was written against."""
+"""``tree_speculative_sampling_target_only``'s parameters (sgl-kernel 0.1-0.3, SGLang 0.5.23)."""
 
 
 class SglangTreeSampler(KernelVerifier):
@@ -135,29 +206,272 @@ class SglangTreeSampler(KernelVerifier):
         return out
 
 
-def adapter(device: str = "cuda") -> Adapter:
-    """Build the ``sglang`` adapter.
+def _chain_tree(
+    batch: int, k: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``retrive_index``, ``retrive_next_token``, ``retrive_next_sibling`` of ``batch`` chains
+    of ``k+1`` slots (int64 ``[B, k+1]``)."""
+    nodes = k + 1
+    slots = torch.arange(batch * nodes, dtype=torch.int64).reshape(batch, nodes)
+    next_token = torch.arange(1, nodes + 1, dtype=torch.int64).repeat(batch, 1)
+    next_token[:, -1] = -1
+    sibling = torch.full((batch, nodes), -1, dtype=torch.int64)
+    return slots.to(device), next_token.to(device), sibling.to(device)
 
-    Raises:
-        AdapterUnavailable: sgl-kernel not installed, CUDA missing, or a different signature.
+
+def _emitted(
+    predicts: torch.Tensor, accept_index: torch.Tensor, accept_token_num: torch.Tensor
+) -> torch.Tensor:
+    """The protocol's ``[B, k+1]`` output from SGLang's accepted slots and predictions."""
+    accepted = accept_token_num.to(torch.int64).cpu()
+    index = accept_index.to(torch.int64).cpu()
+    tokens = predicts.to(torch.int64).cpu()
+    batch, nodes = index.shape
+    out = torch.full((batch, nodes), PLACEHOLDER, dtype=torch.int64)
+    emitted = torch.arange(nodes).unsqueeze(0) <= accepted.unsqueeze(1)
+    out[emitted] = tokens[index.clamp(min=0)][emitted]
+    return out
+
+
+class SglangChainSampler(KernelVerifier):
+    """Chain verifier calling ``chain_speculative_sampling_triton`` (coupled: takes
+    ``uniforms=``).
+
+    Args:
+        function: the kernel wrapper.
+        device: where the tensors live (``cpu`` under the interpreter, else ``cuda``).
+        block_verification: pass ``block_verification=True`` (Sun et al. 2024).
     """
-    sgl_kernel = import_optional("sgl_kernel", "sgl-kernel")
-    require_cuda("sgl-kernel is CUDA only")
-    version = getattr(sgl_kernel, "__version__", "unknown")
-    function = getattr(sgl_kernel, "tree_speculative_sampling_target_only", None)
-    if function is None:
-        raise AdapterUnavailable(
-            f"sgl-kernel {version}: API changed, no tree_speculative_sampling_target_only"
+
+    def __init__(
+        self, function: Callable[..., Any], device: torch.device, block_verification: bool
+    ) -> None:
+        super().__init__(function, device)
+        self.block_verification = block_verification
+
+    def __call__(
+        self,
+        target_probs: torch.Tensor,
+        draft_probs: torch.Tensor,
+        draft_token_ids: torch.Tensor,
+        generator: torch.Generator,
+        uniforms: ChainUniforms | None = None,
+    ) -> torch.Tensor:
+        """One verification step (chain protocol); ``[B, k+1]`` int64 on CPU.
+
+        Raises:
+            InvalidInputError: malformed inputs or ``k == 0``.
+        """
+        batch, k, _ = validate_chain_inputs(target_probs, draft_probs, draft_token_ids, generator)
+        if k < 1:
+            raise InvalidInputError("draft_token_ids", "SGLang's chain kernel needs k >= 1")
+        if uniforms is None:
+            uniforms = ChainUniforms.draw(batch, k, generator)
+        device, nodes = self.device, k + 1
+        slots, next_token, sibling = _chain_tree(batch, k, device)
+        candidates = torch.zeros((batch, nodes), dtype=torch.int64)
+        candidates[:, 1:] = draft_token_ids.to(torch.int64)
+        coins = torch.zeros((batch, nodes), dtype=torch.float32)
+        coins[:, :k] = uniforms.accept_uniforms.to(torch.float32)
+        predicts = torch.full((batch * nodes,), PLACEHOLDER, dtype=torch.int32, device=device)
+        accept_index = torch.full((batch, nodes), PLACEHOLDER, dtype=torch.int32, device=device)
+        accept_token_num = torch.zeros(batch, dtype=torch.int32, device=device)
+        self.function(
+            predicts,
+            accept_index,
+            accept_token_num,
+            candidates.to(device),
+            slots,
+            next_token,
+            sibling,
+            coins.to(device),
+            uniforms.sample_uniforms.to(device, torch.float32).contiguous(),
+            target_probs.to(device, torch.float32).contiguous(),
+            draft_probs.to(device, torch.float32).contiguous(),
+            1.0,
+            1.0,
+            True,
+            block_verification=self.block_verification,
         )
-    parameters = tuple(inspect.signature(function).parameters)
-    if parameters != EXPECTED_PARAMETERS:
+        return _emitted(predicts, accept_index, accept_token_num)
+
+
+class SglangBlockSampler:
+    """``chain_speculative_sampling_triton`` with ``block_verification=True``.
+
+    It takes no ``uniforms=``: block verification decides on the whole block (accept the
+    longest prefix whose coin falls below a block-level probability), not draft by draft with
+    ``u < p/q``, so the coupling protocol's per-draft rule does not describe it; its law is
+    tested statistically. The kernel still consumes a coin per draft and one final uniform,
+    drawn here from the protocol's generator.
+
+    Args:
+        function: the kernel wrapper.
+        device: where the tensors live.
+    """
+
+    def __init__(self, function: Callable[..., Any], device: torch.device) -> None:
+        self.chain = SglangChainSampler(function, device, block_verification=True)
+
+    def __call__(
+        self,
+        target_probs: torch.Tensor,
+        draft_probs: torch.Tensor,
+        draft_token_ids: torch.Tensor,
+        generator: torch.Generator,
+    ) -> torch.Tensor:
+        """One verification step (chain protocol); ``[B, k+1]`` int64 on CPU.
+
+        Raises:
+            InvalidInputError: malformed inputs or ``k == 0``.
+        """
+        return self.chain(target_probs, draft_probs, draft_token_ids, generator)
+
+
+class SglangGreedyVerifier(KernelVerifier):
+    """Greedy verifier calling ``verify_tree_greedy_triton`` on a chain-shaped tree.
+
+    Args:
+        function: the kernel wrapper.
+        device: where the tensors live.
+    """
+
+    def __call__(self, target_logits: torch.Tensor, draft_token_ids: torch.Tensor) -> torch.Tensor:
+        """One greedy verification step (greedy protocol); ``[B, k+1]`` int64 on CPU.
+
+        Raises:
+            InvalidInputError: malformed inputs.
+        """
+        batch, k, _ = validate_greedy_inputs(target_logits, draft_token_ids)
+        device, nodes = self.device, k + 1
+        slots, next_token, sibling = _chain_tree(batch, k, device)
+        candidates = torch.zeros((batch, nodes), dtype=torch.int64)
+        candidates[:, 1:] = draft_token_ids.to(torch.int64)
+        target_predict = target_logits.argmax(dim=-1).to(torch.int64)
+        predicts = torch.full((batch * nodes,), PLACEHOLDER, dtype=torch.int64, device=device)
+        accept_index = torch.full((batch, nodes), PLACEHOLDER, dtype=torch.int64, device=device)
+        accept_token_num = torch.zeros(batch, dtype=torch.int64, device=device)
+        self.function(
+            predicts,
+            accept_index,
+            accept_token_num,
+            candidates.to(device),
+            slots,
+            next_token,
+            sibling,
+            target_predict.to(device),
+        )
+        return _emitted(predicts, accept_index, accept_token_num)
+
+
+def _triton_adapter(name: str, block_verification: bool) -> Adapter:
+    version = prepare_engine(SGLANG)
+    reject = import_engine_module(
+        SGLANG, version, "sglang.kernels.ops.speculative.reject_sampling"
+    )
+    chain_function = getattr(reject, "chain_speculative_sampling_triton", None)
+    if not callable(chain_function):
         raise AdapterUnavailable(
-            f"sgl-kernel {version}: API changed, tree_speculative_sampling_target_only"
-            f"{parameters} differs from the {EXPECTED_PARAMETERS} this adapter was written against"
+            f"sglang {version}: API changed, kernels.ops.speculative.reject_sampling."
+            f"chain_speculative_sampling_triton is missing; install the checked version with: "
+            f"{SGLANG.install}"
+        )
+    require_parameters(
+        SGLANG, version, chain_function, "chain_speculative_sampling_triton", CHAIN_PARAMETERS
+    )
+    require_interpreted(
+        SGLANG, version, reject.speculative_sampling_classic_kernel, "speculative_sampling_classic"
+    )
+    device = engine_device()
+    greedy = None
+    what = "chain_speculative_sampling_triton"
+    if not block_verification:
+        tree = import_engine_module(SGLANG, version, "sglang.kernels.ops.speculative.spec_tree")
+        greedy_function = getattr(tree, "verify_tree_greedy_triton", None)
+        if not callable(greedy_function):
+            raise AdapterUnavailable(
+                f"sglang {version}: API changed, kernels.ops.speculative.spec_tree."
+                f"verify_tree_greedy_triton is missing; install the checked version with: "
+                f"{SGLANG.install}"
+            )
+        require_parameters(
+            SGLANG, version, greedy_function, "verify_tree_greedy_triton", GREEDY_PARAMETERS
+        )
+        greedy = SglangGreedyVerifier(greedy_function, device)
+        what += " and verify_tree_greedy_triton (chain-shaped tree, argmax by torch.argmax)"
+    else:
+        what += (
+            " with block_verification=True (lossless; accepts more than sum min(p, q) at "
+            "positions >= 1, which this acceptance check wrongly calls LOSSY)"
         )
     return Adapter(
-        name="sglang",
-        description=f"sgl-kernel {version} tree_speculative_sampling_target_only on {device}, "
+        name=name,
+        description=f"{version_note(SGLANG, version)} {what}; {mode_description()}; float32 "
+        "probabilities; "
+        + (
+            "uniforms drawn from the protocol's generator (not coupled: block decisions)"
+            if block_verification
+            else "decisions and final token coupled (uniforms=)"
+        ),
+        chain=(
+            SglangBlockSampler(chain_function, device)
+            if block_verification
+            else SglangChainSampler(chain_function, device, block_verification=False)
+        ),
+        greedy=greedy,
+    )
+
+
+def adapter() -> Adapter:
+    """The ``sglang`` target: Triton chain sampling and greedy tree verification.
+
+    Raises:
+        AdapterUnavailable: SGLang or Triton missing, an API that differs from SGLang 0.5.23's,
+            or SGLang imported before the interpreter could be set up (the reason says which
+            and gives the install command).
+    """
+    return _triton_adapter("sglang", block_verification=False)
+
+
+def block_adapter() -> Adapter:
+    """The ``sglang-block`` target: the chain kernel with ``block_verification=True``.
+
+    Raises:
+        AdapterUnavailable: as :func:`adapter`.
+    """
+    return _triton_adapter("sglang-block", block_verification=True)
+
+
+def tree_adapter(device: str = "cuda") -> Adapter:
+    """The ``sglang-tree`` target: the CUDA tree sampler (GPU only).
+
+    Raises:
+        AdapterUnavailable: neither sgl-kernel nor SGLang's JIT kernel is installed, CUDA
+            missing, or a different signature.
+    """
+    try:
+        module = import_optional("sgl_kernel", "sgl-kernel")
+        version = getattr(module, "__version__", "unknown")
+        package = "sgl-kernel"
+    except AdapterUnavailable:
+        module = import_optional("sglang.kernels.ops.speculative.sampling", "sglang")
+        version = str(getattr(import_optional("sglang", "sglang"), "__version__", "unknown"))
+        package = "sglang"
+    require_cuda(f"{package}'s tree_speculative_sampling_target_only is CUDA only")
+    function = getattr(module, "tree_speculative_sampling_target_only", None)
+    if function is None:
+        raise AdapterUnavailable(
+            f"{package} {version}: API changed, no tree_speculative_sampling_target_only"
+        )
+    parameters = tuple(inspect.signature(function).parameters)
+    if parameters != TREE_PARAMETERS:
+        raise AdapterUnavailable(
+            f"{package} {version}: API changed, tree_speculative_sampling_target_only"
+            f"{parameters} differs from the {TREE_PARAMETERS} this adapter was written against"
+        )
+    return Adapter(
+        name="sglang-tree",
+        description=f"{package} {version} tree_speculative_sampling_target_only on {device}, "
         "chain as a degenerate tree, one-hot drafts only, float32 probabilities",
         chain=SglangTreeSampler(function, device),
     )

@@ -1,98 +1,348 @@
-"""vLLM's V1 rejection sampler (Triton kernels), wrapped into the chain protocol.
+"""vLLM's speculative-decoding samplers (Triton kernels), wrapped into the chain and greedy
+protocols, on CUDA or through Triton's interpreter on CPU (:mod:`losslessness.adapters.engines`).
 
-Written against ``vllm/v1/sample/rejection_sampler.py`` as of vLLM v0.9-v0.11 (read at
-https://github.com/vllm-project/vllm/blob/main/vllm/v1/sample/rejection_sampler.py; the same
-module-level API since v0.8.2): ``rejection_sample(draft_token_ids, num_draft_tokens,
-max_spec_len, cu_num_draft_tokens, draft_probs, target_probs, bonus_token_ids,
-sampling_metadata)`` and ``generate_uniform_probs(num_tokens, num_draft_tokens, generators,
-device)``. ``RejectionSampler.forward`` is not called: its signature changed between versions
-(v0.8 took ``target_logits`` and ``bonus_token_ids``; later versions take the flattened logits
-and sample the bonus inside) and it applies temperature, top-k/top-p and penalties from a full
-``SamplingMetadata``; ``rejection_sample`` is the kernel path every version runs on
-probabilities. Conversion of our tensors (the ``SpecDecodeMetadata.make_dummy`` layout):
+Checked against vLLM 0.33.0 (:data:`VLLM`); outside that version the adapter compares the
+signatures it calls with the ones below and, where they differ, is UNAVAILABLE with the
+parameters added and removed (:func:`~losslessness.adapters.engines.require_parameters`).
 
-- ``draft_token_ids [B, k]`` -> flattened ``[B*k]`` int32; ``num_draft_tokens = [k] * B``;
-  ``cu_num_draft_tokens`` the int32 cumulative sum; ``max_spec_len = k`` (at most vLLM's
-  ``MAX_SPEC_LEN``);
-- ``target_probs [B, k+1, V]`` -> rows 0..k-1 flattened to ``[B*k, V]`` float32 (vLLM computes
-  them by softmax; we pass probabilities directly); ``draft_probs [B, k, V]`` -> ``[B*k, V]``;
-- the bonus row p_k: vLLM samples the bonus token outside the rejection sampler (with its
-  ordinary sampler) and passes ``bonus_token_ids [B, 1]``; we draw it from p_k by inverse CDF
-  (float64) with the protocol's randomness;
-- ``sampling_metadata``: only ``all_greedy`` (False), ``all_random`` (True), ``temperature``
-  (ones, so no request is greedy) and ``generators`` (one CUDA generator per request, seeded from
-  the protocol's generator) are read on this path; we pass an object with exactly these;
-- output ``[B, k+1]`` int32 with ``PLACEHOLDER_TOKEN_ID = -1``: the protocol's layout already.
+**Model runner v1** (``vllm/v1/sample/rejection_sampler.py``): the unmodified
+``RejectionSampler.forward(metadata, draft_probs, logits, sampling_metadata)`` runs; it samples
+the bonus token with vLLM's ``Sampler``, applies temperature to the target logits, then calls
+``rejection_sample(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens,
+draft_probs, target_logits, bonus_token_ids, sampling_metadata, synthetic_mode,
+synthetic_conditional_rates, use_fp64_gumbel, fly_window_size, fly_entropy_threshold,
+fly_entropy_top_k)`` (:data:`V1_PARAMETERS`), whose kernels are ``expand_kernel``,
+``rejection_random_sample_kernel``, ``sample_recovered_tokens_kernel`` and
+``rejection_greedy_sample_kernel`` (plus FLy's two when that option is on). Conversion:
 
-Uniforms: vLLM accepts iff ``target_prob / draft_prob >= uniform`` with uniforms from
-``generate_uniform_probs``; given ``uniforms=``, that function is replaced for the duration of
-the call by one returning ``uniforms.accept_uniforms`` flattened (float64, as vLLM >= 0.9
-draws them). The recovered token is an exponential race (``argmax(max(p - q, 0) / E)``,
-``E ~ Exp(1)`` from the request's generator), not an inverse CDF, so it cannot be coupled:
-the verifier sets ``coupled_final_token = False`` and the coupling check compares decisions
-only (the recovered token's law is tested statistically).
+- the target as logits: ``log p`` (``-inf`` where p = 0) at temperature 1, float32, laid out
+  ``[B*(k+1), V]`` with request b's rows ``b*(k+1) .. b*(k+1)+k`` (row k the bonus position);
+  ``SpecDecodeMetadata.make_dummy`` with ``target_logits_indices`` and ``bonus_logits_indices``
+  pointing at them; the draft as ``q`` ``[B*k, V]`` float32;
+- ``SamplingMetadata`` of a batch of plain random requests (temperature 1, no top-k/top-p, no
+  penalties, no logits processors) with one CPU or CUDA ``torch.Generator`` per request
+  (``{req_index: generator}``), seeded from the protocol's generator; vLLM also draws from the
+  global torch RNG (``q.exponential_()`` before overwriting seeded rows), which runs inside
+  ``torch.random.fork_rng`` seeded from the protocol's generator, so the caller's RNG is
+  untouched and every call replays;
+- greedy protocol: the target logits as given, ``all_greedy``, no draft probabilities;
+- output ``sampled_token_ids`` ``[B, k+1]`` int32 with ``PLACEHOLDER_TOKEN_ID = -1``.
+
+vLLM's randomness: accept draft i iff ``q > 0`` and ``p / q >= u`` with float64 ``u`` from
+``generate_uniform_probs`` (one per draft, from the request's generator); given ``uniforms=``,
+that module function is replaced for the duration of the call by one returning
+``uniforms.accept_uniforms`` (decision-by-decision coupling with the CPU reference). The
+recovered token is an exponential race ``argmax(max(p - q, 0) / E)`` with one ``E ~ Exp(1)``
+vector per request shared by its k positions, the bonus token an exponential race on p_k:
+neither inverts a CDF, so ``coupled_final_token = False`` and their law is tested
+statistically.
+
+Options of ``rejection_sample``, each audited as its own target (:data:`V1_OPTIONS`):
+``synthetic_mode`` (accept draft i with a fixed conditional rate, whatever p and q: a benchmark
+mode that relaxes acceptance, LOSSY by construction), ``use_fp64_gumbel`` (float64 exponential
+race: lossless), ``fly_window_size``/``fly_entropy_threshold``/``fly_entropy_top_k`` (FLy,
+"entropy-gated deferred verification": accepts a rejected draft when the target's top-k
+entropy is high and the next W drafts would be accepted; relaxes acceptance, LOSSY). The options
+are set on the ``RejectionSampler`` instance (the attributes its constructor derives from a
+``SpeculativeConfig``); its constructor refuses FLy on a CPU *device*, which the interpreter is
+not (the kernels are the CUDA ones, interpreted).
+
+**Model runner v2** (``vllm/v1/worker/gpu/spec_decode/rejection_sampler_utils.py``, called by
+``rejection_sampler.RejectionSampler._verify``): ``rejection_sample(target_logits,
+draft_logits, draft_sampled, cu_num_logits, pos, idx_mapping, expanded_idx_mapping,
+expanded_local_pos, temperature, seed, num_speculative_steps, ...)`` (:data:`V2_PARAMETERS`).
+Its randomness is a counter-based hash of ``(seed[request], pos)`` inside the kernels (no
+tensor of uniforms), so it is not coupled: each call draws fresh per-request seeds from the
+protocol's generator and the laws are tested statistically. Layout: ``k+1`` logits rows per
+request, ``draft_sampled[start + 1 + i] = d_i`` (row ``start`` holds the previous token, never
+read as a draft), ``pos`` the sequence positions ``1000 + i``, ``draft_logits`` ``log q``
+``[B, k, V]``. Options: ``use_block_verification`` (Sun et al. 2024, lossless but accepts more
+after position 0), ``synthetic_conditional_rates``, ``use_fp64``, FLy; the watermarking
+arguments stay off.
 """
 
 from __future__ import annotations
 
-import inspect
 import threading
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
 import torch
 
-from losslessness.adapters.base import Adapter, AdapterUnavailable, import_optional, require_cuda
-from losslessness.protocol import InvalidInputError, validate_chain_inputs
-from losslessness.reference import ChainUniforms, sample_inverse_cdf
+from losslessness.adapters.base import Adapter, AdapterUnavailable
+from losslessness.adapters.engines import (
+    REQUIREMENTS_FILE,
+    EngineSpec,
+    complete_interpreter_libdevice,
+    engine_device,
+    import_engine_module,
+    mode_description,
+    prepare_engine,
+    require_interpreted,
+    require_parameters,
+    version_note,
+)
+from losslessness.protocol import (
+    PLACEHOLDER,
+    InvalidInputError,
+    validate_chain_inputs,
+    validate_greedy_inputs,
+)
+from losslessness.reference import ChainUniforms
 
-EXPECTED_PARAMETERS = (
+VLLM = EngineSpec(
+    "vllm",
+    ("0.33.0",),
+    f"pip install -c constraints.txt -r {REQUIREMENTS_FILE} && pip install --no-deps vllm==0.33.0",
+)
+"""vLLM as these adapters were checked against it (CPU interpreter; CUDA path unchanged)."""
+
+V1_PARAMETERS = (
     "draft_token_ids",
     "num_draft_tokens",
     "max_spec_len",
     "cu_num_draft_tokens",
     "draft_probs",
-    "target_probs",
+    "target_logits",
     "bonus_token_ids",
     "sampling_metadata",
+    "synthetic_mode",
+    "synthetic_conditional_rates",
+    "use_fp64_gumbel",
+    "fly_window_size",
+    "fly_entropy_threshold",
+    "fly_entropy_top_k",
 )
-"""Parameters of ``rejection_sample`` this adapter was written against, in order."""
+"""``vllm.v1.sample.rejection_sampler.rejection_sample``'s parameters at vLLM 0.33.0."""
+
+V2_PARAMETERS = (
+    "target_logits",
+    "draft_logits",
+    "draft_sampled",
+    "cu_num_logits",
+    "pos",
+    "idx_mapping",
+    "expanded_idx_mapping",
+    "expanded_local_pos",
+    "temperature",
+    "seed",
+    "num_speculative_steps",
+    "synthetic_conditional_rates",
+    "use_fp64",
+    "use_block_verification",
+    "contexts",
+    "watermarking",
+    "watermarking_skip_mask",
+    "watermark_key",
+    "fly_window_size",
+    "fly_entropy_threshold",
+    "fly_entropy_top_k",
+)
+"""``vllm.v1.worker.gpu.spec_decode.rejection_sampler_utils.rejection_sample``'s parameters at
+vLLM 0.33.0."""
+
+SYNTHETIC_ACCEPTANCE_RATES = (0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2)
+"""Unconditional per-position acceptance rates given to synthetic mode (vLLM's
+``synthetic_acceptance_rates``), converted by vLLM's ``unconditional_to_conditional_rates``."""
+
+FLY_DEFAULT_WINDOW = 6
+"""vLLM's default FLy window: ``min(6, k - 1)`` (``SpeculativeConfig``)."""
+
+FLY_ENTROPY_THRESHOLD = 0.3
+"""vLLM's default ``fly_entropy_threshold``."""
+
+FLY_ENTROPY_TOP_K = 3
+"""vLLM's default ``fly_entropy_top_k``."""
+
+V2_POSITION_OFFSET = 1000
+"""Sequence position of the first verified token (model runner v2 hashes it into its RNG)."""
 
 _PATCH_LOCK = threading.Lock()
 
 
-@dataclass
-class RandomSamplingMetadata:
-    """The fields of vLLM's ``SamplingMetadata`` that ``rejection_sample`` reads for requests
-    that all sample at temperature 1 (no greedy request).
+@dataclass(frozen=True)
+class SamplerOptions:
+    """One setting of a vLLM sampler's options (the defaults are vLLM's defaults).
 
     Attributes:
-        temperature: ``[B]`` float32 ones on the device.
-        generators: request index -> CUDA ``torch.Generator``.
+        synthetic: synthetic acceptance (``SYNTHETIC_ACCEPTANCE_RATES``), relaxes acceptance.
+        fp64: float64 exponential races (v1 ``use_fp64_gumbel``, v2 ``use_fp64``).
+        fly: FLy deferred verification with vLLM's default window, threshold and top-k; needs
+            k >= 2 (the window must be smaller than k).
+        block: block verification (model runner v2 only).
     """
 
-    temperature: torch.Tensor
-    generators: dict[int, torch.Generator] = field(default_factory=dict)
-    all_greedy: bool = False
-    all_random: bool = True
+    synthetic: bool = False
+    fp64: bool = False
+    fly: bool = False
+    block: bool = False
+
+    def describe(self, v2: bool) -> str:
+        """The options as vLLM names them (``"use_fp64_gumbel=True"``), or ``"defaults"``."""
+        names = []
+        if self.synthetic:
+            names.append(
+                "synthetic_mode=True, synthetic_conditional_rates from unconditional rates "
+                f"{list(SYNTHETIC_ACCEPTANCE_RATES)}"
+            )
+        if self.fp64:
+            names.append("use_fp64=True" if v2 else "use_fp64_gumbel=True")
+        if self.fly:
+            names.append(
+                f"fly_window_size=min({FLY_DEFAULT_WINDOW}, k-1), fly_entropy_threshold="
+                f"{FLY_ENTROPY_THRESHOLD}, fly_entropy_top_k={FLY_ENTROPY_TOP_K}"
+            )
+        if self.block:
+            names.append("use_block_verification=True")
+        return ", ".join(names) or "default options"
+
+    def fly_window(self, k: int) -> int:
+        """FLy's window for draft length ``k``.
+
+        Raises:
+            InvalidInputError: ``k < 2`` (FLy needs a window 1 <= W < k).
+        """
+        if k < 2:
+            raise InvalidInputError(
+                "draft_token_ids", f"FLy needs k >= 2 (window 1 <= W < k), got k = {k}"
+            )
+        return min(FLY_DEFAULT_WINDOW, k - 1)
 
 
-class VllmRejectionSampler:
-    """Chain verifier calling ``vllm.v1.sample.rejection_sampler.rejection_sample``.
+def _synthetic_rates(convert: Callable[[list[float]], list[float]], k: int) -> torch.Tensor:
+    rates = list(SYNTHETIC_ACCEPTANCE_RATES)
+    rates += [rates[-1]] * max(0, k - len(rates))
+    return torch.tensor(convert(rates), dtype=torch.float32)
+
+
+def _log(probs: torch.Tensor) -> torch.Tensor:
+    """``log`` in float32 with ``-inf`` where the mass is 0."""
+    return probs.to(torch.float64).log().to(torch.float32)
+
+
+def _check_k(k: int, maximum: int) -> None:
+    if not 1 <= k <= maximum:
+        raise InvalidInputError(
+            "draft_token_ids",
+            f"vLLM's rejection sampler needs 1 <= k <= MAX_SPEC_LEN = {maximum}, got k = {k}",
+        )
+
+
+class VllmV1Sampler:
+    """vLLM's model-runner-v1 ``RejectionSampler.forward``, in the chain and greedy protocols.
+
+    Calling the object is the chain protocol; :meth:`greedy` is the greedy protocol.
 
     Args:
-        module: the imported ``vllm.v1.sample.rejection_sampler`` module.
-        device: the CUDA device the kernels run on.
+        modules: the imported vLLM modules (``rejection_sampler``, ``sampler``, ``metadata``,
+            ``spec_metadata``, ``logits_state``, ``spec_utils``).
+        options: the sampler options of this target.
+        device: where the tensors live (``cpu`` under the interpreter, else ``cuda``).
     """
 
     coupled_final_token = False
-    """The recovered token is an exponential race, not an inverse CDF of a uniform."""
+    """The recovered and bonus tokens are exponential races, not inverse CDFs of a uniform."""
 
-    def __init__(self, module: ModuleType, device: str | torch.device = "cuda") -> None:
-        self.module = module
-        self.device = torch.device(device)
-        self.max_spec_len = int(getattr(module, "MAX_SPEC_LEN", 32))
+    def __init__(
+        self, modules: dict[str, ModuleType], options: SamplerOptions, device: torch.device
+    ) -> None:
+        self.modules = modules
+        self.options = options
+        self.device = device
+        self.module = modules["rejection_sampler"]
+        self.max_spec_len = int(getattr(self.module, "MAX_SPEC_LEN", 32))
+        base = modules["sampler"].Sampler(use_fp64_gumbel=options.fp64)
+        self.sampler = self.module.RejectionSampler(base)
+
+    def _configure(self, k: int) -> None:
+        """Set the options on the ``RejectionSampler`` the way its constructor would."""
+        sampler = self.sampler
+        if self.options.synthetic:
+            convert = self.modules["spec_utils"].unconditional_to_conditional_rates
+            sampler.synthetic_conditional_rates = _synthetic_rates(convert, k).to(self.device)
+            sampler.synthetic_mode = True
+        if self.options.fly:
+            sampler.use_fly = True
+            sampler.fly_window_size = self.options.fly_window(k)
+            sampler.fly_entropy_threshold = FLY_ENTROPY_THRESHOLD
+            sampler.fly_entropy_top_k = FLY_ENTROPY_TOP_K
+
+    def _metadata(self, drafts: torch.Tensor, k: int) -> Any:
+        batch = drafts.shape[0]
+        spec = self.modules["spec_metadata"].SpecDecodeMetadata.make_dummy(
+            drafts.tolist(), self.device
+        )
+        rows = torch.arange(batch * (k + 1), device=self.device, dtype=torch.int32)
+        rows = rows.reshape(batch, k + 1)
+        spec.target_logits_indices = rows[:, :k].reshape(-1).contiguous()
+        spec.bonus_logits_indices = rows[:, k].contiguous()
+        spec.logits_indices = rows.reshape(-1).contiguous()
+        return spec
+
+    def _sampling_metadata(self, batch: int, greedy: bool, seeds: list[int]) -> Any:
+        device = self.device
+        generators = {
+            b: torch.Generator(device=device).manual_seed(seed) for b, seed in enumerate(seeds)
+        }
+        return self.modules["metadata"].SamplingMetadata(
+            temperature=None if greedy else torch.ones(batch, device=device),
+            all_greedy=greedy,
+            all_random=not greedy,
+            top_p=None,
+            top_k=None,
+            generators=generators,
+            max_num_logprobs=None,
+            no_penalties=True,
+            prompt_token_ids=None,
+            frequency_penalties=torch.zeros(batch, device=device),
+            presence_penalties=torch.zeros(batch, device=device),
+            repetition_penalties=torch.ones(batch, device=device),
+            output_token_ids=[[] for _ in range(batch)],
+            allowed_token_ids_mask=None,
+            bad_words_token_ids={},
+            logitsprocs=self.modules["logits_state"].LogitsProcessors(),
+        )
+
+    @contextmanager
+    def _accept_uniforms(self, accept: torch.Tensor | None) -> Iterator[None]:
+        """Make ``generate_uniform_probs`` return ``accept`` (flattened ``[B*k]`` float64)."""
+        if accept is None:
+            yield
+            return
+
+        def given_uniforms(*_args: object, **_kwargs: object) -> torch.Tensor:
+            return accept
+
+        with _PATCH_LOCK:
+            original = getattr(self.module, "generate_uniform_probs")  # noqa: B009
+            setattr(self.module, "generate_uniform_probs", given_uniforms)  # noqa: B010
+            try:
+                yield
+            finally:
+                setattr(self.module, "generate_uniform_probs", original)  # noqa: B010
+
+    def _run(
+        self,
+        drafts: torch.Tensor,
+        draft_probs: torch.Tensor | None,
+        logits: torch.Tensor,
+        generator: torch.Generator,
+        greedy: bool,
+        accept: torch.Tensor | None,
+    ) -> torch.Tensor:
+        batch, k = drafts.shape
+        self._configure(k)
+        seeds = torch.randint(0, 2**62, (batch + 1,), generator=generator).tolist()
+        spec = self._metadata(drafts, k)
+        metadata = self._sampling_metadata(batch, greedy, seeds[1:])
+        with torch.random.fork_rng(devices=[]), self._accept_uniforms(accept):
+            torch.manual_seed(seeds[0])
+            output = self.sampler(spec, draft_probs, logits, metadata)
+        tokens: torch.Tensor = output.sampled_token_ids
+        return tokens.to(torch.int64).cpu()
 
     def __call__(
         self,
@@ -102,93 +352,286 @@ class VllmRejectionSampler:
         generator: torch.Generator,
         uniforms: ChainUniforms | None = None,
     ) -> torch.Tensor:
-        """One verification step on the GPU (chain protocol; shapes as in
-        :class:`losslessness.protocol.ChainVerifier`); returns ``[B, k+1]`` int64 on CPU.
+        """One verification step (chain protocol; shapes as in
+        :class:`losslessness.protocol.ChainVerifier`); ``[B, k+1]`` int64 on CPU.
 
         Raises:
-            InvalidInputError: malformed inputs, ``k == 0`` or ``k > MAX_SPEC_LEN``.
+            InvalidInputError: malformed inputs, ``k == 0``, ``k > MAX_SPEC_LEN``, or FLy with
+                ``k < 2``.
         """
         batch, k, vocab = validate_chain_inputs(
             target_probs, draft_probs, draft_token_ids, generator
         )
-        if not 1 <= k <= self.max_spec_len:
-            raise InvalidInputError(
-                "draft_token_ids",
-                f"vLLM's rejection sampler needs 1 <= k <= MAX_SPEC_LEN = {self.max_spec_len}, "
-                f"got k = {k}",
+        _check_k(k, self.max_spec_len)
+        logits = _log(target_probs).reshape(batch * (k + 1), vocab).to(self.device)
+        draft = draft_probs.to(self.device, torch.float32).reshape(batch * k, vocab).contiguous()
+        accept = None
+        if uniforms is not None:
+            accept = uniforms.accept_uniforms.to(self.device, torch.float64).reshape(-1)
+            accept = accept.contiguous()
+        return self._run(draft_token_ids, draft, logits.contiguous(), generator, False, accept)
+
+    def greedy(self, target_logits: torch.Tensor, draft_token_ids: torch.Tensor) -> torch.Tensor:
+        """One greedy verification step (greedy protocol); ``[B, k+1]`` int64 on CPU.
+
+        vLLM draws no randomness here unless an option needs it (synthetic mode): that comes
+        from a generator with a fixed seed, so the call is deterministic.
+
+        Raises:
+            InvalidInputError: malformed inputs, ``k == 0`` or ``k > MAX_SPEC_LEN``.
+        """
+        batch, k, vocab = validate_greedy_inputs(target_logits, draft_token_ids)
+        _check_k(k, self.max_spec_len)
+        logits = target_logits.to(self.device, torch.float32).reshape(batch * (k + 1), vocab)
+        generator = torch.Generator().manual_seed(0)
+        return self._run(draft_token_ids, None, logits.contiguous(), generator, True, None)
+
+
+class VllmV2Sampler:
+    """vLLM's model-runner-v2 ``rejection_sample`` (chain and greedy protocols).
+
+    Args:
+        function: ``vllm.v1.worker.gpu.spec_decode.rejection_sampler_utils.rejection_sample``.
+        convert: vLLM's ``unconditional_to_conditional_rates``.
+        options: the sampler options of this target.
+        device: where the tensors live.
+    """
+
+    def __init__(
+        self,
+        function: Callable[..., Any],
+        convert: Callable[[list[float]], list[float]],
+        options: SamplerOptions,
+        device: torch.device,
+    ) -> None:
+        self.function = function
+        self.convert = convert
+        self.options = options
+        self.device = device
+
+    def _run(
+        self,
+        target_logits: torch.Tensor,
+        draft_logits: torch.Tensor | None,
+        drafts: torch.Tensor,
+        temperature: float,
+        generator: torch.Generator,
+    ) -> torch.Tensor:
+        batch, k = drafts.shape
+        device, rows = self.device, k + 1
+        sampled_in = torch.zeros((batch, rows), dtype=torch.int64)
+        sampled_in[:, 1:] = drafts.to(torch.int64)
+        local = torch.arange(rows, dtype=torch.int32).repeat(batch)
+        seeds = torch.randint(0, 2**62, (batch,), generator=generator, dtype=torch.int64)
+        options: dict[str, Any] = {
+            "use_fp64": self.options.fp64,
+            "use_block_verification": self.options.block,
+        }
+        if self.options.synthetic:
+            options["synthetic_conditional_rates"] = _synthetic_rates(self.convert, k).to(device)
+        if self.options.fly:
+            options.update(
+                fly_window_size=self.options.fly_window(k),
+                fly_entropy_threshold=FLY_ENTROPY_THRESHOLD,
+                fly_entropy_top_k=FLY_ENTROPY_TOP_K,
             )
-        device = self.device
-        seeds = torch.randint(0, 2**62, (batch,), generator=generator).tolist()
-        if uniforms is None:
-            sample = torch.rand((batch,), generator=generator, dtype=torch.float64)
-        else:
-            sample = uniforms.sample_uniforms.detach().cpu().to(torch.float64)
-        bonus = sample_inverse_cdf(target_probs[:, k].detach().cpu(), sample)
-        metadata = RandomSamplingMetadata(
-            temperature=torch.ones(batch, dtype=torch.float32, device=device),
-            generators={
-                b: torch.Generator(device=device).manual_seed(seed) for b, seed in enumerate(seeds)
-            },
-        )
-        arguments = (
-            draft_token_ids.to(device, torch.int32).reshape(-1).contiguous(),
-            [k] * batch,
+        sampled, num_sampled = self.function(
+            target_logits.reshape(batch * rows, -1).to(device, torch.float32).contiguous(),
+            None
+            if draft_logits is None
+            else draft_logits.to(device, torch.float32).contiguous(),
+            sampled_in.reshape(-1).to(device),
+            (torch.arange(batch + 1, dtype=torch.int32) * rows).to(device),
+            (local.to(torch.int64) + V2_POSITION_OFFSET).to(device),
+            torch.arange(batch, dtype=torch.int32, device=device),
+            torch.arange(batch, dtype=torch.int32).repeat_interleave(rows).to(device),
+            local.to(device),
+            torch.full((batch,), temperature, dtype=torch.float32, device=device),
+            seeds.to(device),
             k,
-            torch.arange(1, batch + 1, device=device, dtype=torch.int32) * k,
-            draft_probs.to(device, torch.float32).reshape(batch * k, vocab).contiguous(),
-            target_probs[:, :k].to(device, torch.float32).reshape(batch * k, vocab).contiguous(),
-            bonus.to(device, torch.int32).reshape(batch, 1).contiguous(),
-            metadata,
+            **options,
         )
-        if uniforms is None:
-            output: torch.Tensor = self.module.rejection_sample(*arguments)
-        else:
-            accept = uniforms.accept_uniforms.to(device, torch.float64).reshape(-1).contiguous()
-            output = self._with_uniforms(accept, arguments)
-        return output.to(torch.int64).cpu()
+        tokens = sampled.to(torch.int64).cpu()
+        counts = num_sampled.to(torch.int64).cpu()
+        emitted = torch.arange(rows).unsqueeze(0) < counts.unsqueeze(1)
+        return torch.where(emitted, tokens, torch.full_like(tokens, PLACEHOLDER))
 
-    def _with_uniforms(self, accept: torch.Tensor, arguments: tuple[Any, ...]) -> torch.Tensor:
-        """Run ``rejection_sample`` with ``generate_uniform_probs`` returning ``accept``."""
+    def __call__(
+        self,
+        target_probs: torch.Tensor,
+        draft_probs: torch.Tensor,
+        draft_token_ids: torch.Tensor,
+        generator: torch.Generator,
+    ) -> torch.Tensor:
+        """One verification step (chain protocol); ``[B, k+1]`` int64 on CPU.
 
-        def given_uniforms(*_args: object, **_kwargs: object) -> torch.Tensor:
-            return accept
+        Raises:
+            InvalidInputError: malformed inputs, ``k == 0``, or FLy with ``k < 2``.
+        """
+        _, k, _ = validate_chain_inputs(target_probs, draft_probs, draft_token_ids, generator)
+        _check_k(k, 1 << 10)
+        return self._run(
+            _log(target_probs), _log(draft_probs), draft_token_ids, 1.0, generator
+        )
 
-        # rejection_sample looks the function up as a module global at call time.
-        with _PATCH_LOCK:
-            original = getattr(self.module, "generate_uniform_probs")  # noqa: B009
-            setattr(self.module, "generate_uniform_probs", given_uniforms)  # noqa: B010
-            try:
-                output: torch.Tensor = self.module.rejection_sample(*arguments)
-            finally:
-                setattr(self.module, "generate_uniform_probs", original)  # noqa: B010
-        return output
+    def greedy(self, target_logits: torch.Tensor, draft_token_ids: torch.Tensor) -> torch.Tensor:
+        """One greedy verification step (greedy protocol, temperature 0); ``[B, k+1]`` int64.
+
+        Raises:
+            InvalidInputError: malformed inputs or ``k == 0``.
+        """
+        _, k, _ = validate_greedy_inputs(target_logits, draft_token_ids)
+        _check_k(k, 1 << 10)
+        generator = torch.Generator().manual_seed(0)
+        return self._run(target_logits, None, draft_token_ids, 0.0, generator)
 
 
-def adapter(device: str = "cuda") -> Adapter:
-    """Build the ``vllm`` adapter.
+V1_OPTIONS = {
+    "vllm": SamplerOptions(),
+    "vllm-synthetic": SamplerOptions(synthetic=True),
+    "vllm-fp64-gumbel": SamplerOptions(fp64=True),
+    "vllm-fly": SamplerOptions(fly=True),
+}
+"""Model-runner-v1 targets: one per option of ``rejection_sample``'s signature."""
+
+V2_OPTIONS = {
+    "vllm-v2": SamplerOptions(),
+    "vllm-v2-block": SamplerOptions(block=True),
+    "vllm-v2-synthetic": SamplerOptions(synthetic=True),
+    "vllm-v2-fp64": SamplerOptions(fp64=True),
+    "vllm-v2-fly": SamplerOptions(fly=True),
+}
+"""Model-runner-v2 targets: one per verification option of its ``rejection_sample``."""
+
+
+def _load_v1() -> tuple[str, dict[str, ModuleType]]:
+    version = prepare_engine(VLLM)
+    names = {
+        "rejection_sampler": "vllm.v1.sample.rejection_sampler",
+        "sampler": "vllm.v1.sample.sampler",
+        "metadata": "vllm.v1.sample.metadata",
+        "spec_metadata": "vllm.v1.spec_decode.metadata",
+        "logits_state": "vllm.v1.sample.logits_processor.state",
+        "spec_utils": "vllm.v1.spec_decode.utils",
+    }
+    modules = {key: import_engine_module(VLLM, version, name) for key, name in names.items()}
+    module = modules["rejection_sampler"]
+    for name in ("RejectionSampler", "rejection_sample", "generate_uniform_probs"):
+        if not callable(getattr(module, name, None)):
+            raise AdapterUnavailable(
+                f"vllm {version}: API changed, v1.sample.rejection_sampler.{name} is missing; "
+                f"install the checked version with: {VLLM.install}"
+            )
+    require_parameters(VLLM, version, module.rejection_sample, "rejection_sample", V1_PARAMETERS)
+    require_interpreted(
+        VLLM, version, module.rejection_random_sample_kernel, "rejection_random_sample_kernel"
+    )
+    return version, modules
+
+
+def v1_adapter(name: str) -> Adapter:
+    """The model-runner-v1 target ``name`` (a key of :data:`V1_OPTIONS`).
 
     Raises:
-        AdapterUnavailable: vLLM not installed, CUDA missing, or the API differs from the one
-            this adapter was written against (the reason says which).
+        AdapterUnavailable: vLLM or Triton missing, an API that differs from vLLM 0.33.0's, or
+            vLLM imported before the interpreter could be set up (the reason says which and how
+            to install the checked version).
     """
-    vllm = import_optional("vllm", "vllm")
-    rejection_sampler = import_optional("vllm.v1.sample.rejection_sampler", "vllm")
-    require_cuda("vLLM's rejection sampler is Triton")
-    for name in ("rejection_sample", "generate_uniform_probs"):
-        if not callable(getattr(rejection_sampler, name, None)):
-            raise AdapterUnavailable(
-                f"vllm {vllm.__version__}: API changed, rejection_sampler.{name} is missing"
-            )
-    parameters = tuple(inspect.signature(rejection_sampler.rejection_sample).parameters)
-    if parameters != EXPECTED_PARAMETERS:
-        raise AdapterUnavailable(
-            f"vllm {vllm.__version__}: API changed, rejection_sample{parameters} differs from "
-            f"the {EXPECTED_PARAMETERS} this adapter was written against"
-        )
+    options = V1_OPTIONS[name]
+    version, modules = _load_v1()
+    device = engine_device()
+    sampler = VllmV1Sampler(modules, options, device)
     return Adapter(
-        name="vllm",
-        description=f"vllm {vllm.__version__} v1.sample.rejection_sampler.rejection_sample "
-        f"(Triton) on {device}, float32 probabilities; bonus token drawn by the adapter from "
-        "p_k; accept uniforms coupled, recovered token not",
-        chain=VllmRejectionSampler(rejection_sampler, device),
+        name=name,
+        description=f"{version_note(VLLM, version)} v1.sample.rejection_sampler."
+        f"RejectionSampler.forward, {options.describe(v2=False)}; {mode_description()}; "
+        "target as log p at temperature 1, float32; accept uniforms coupled, recovered and "
+        "bonus tokens (exponential races) tested statistically",
+        chain=sampler,
+        greedy=sampler.greedy,
     )
+
+
+def v2_adapter(name: str) -> Adapter:
+    """The model-runner-v2 target ``name`` (a key of :data:`V2_OPTIONS`).
+
+    Raises:
+        AdapterUnavailable: as :func:`v1_adapter`.
+    """
+    options = V2_OPTIONS[name]
+    version = prepare_engine(VLLM)
+    module = import_engine_module(
+        VLLM, version, "vllm.v1.worker.gpu.spec_decode.rejection_sampler_utils"
+    )
+    spec_utils = import_engine_module(VLLM, version, "vllm.v1.spec_decode.utils")
+    function = getattr(module, "rejection_sample", None)
+    if not callable(function):
+        raise AdapterUnavailable(
+            f"vllm {version}: API changed, model runner v2's rejection_sampler_utils."
+            f"rejection_sample is missing; install the checked version with: {VLLM.install}"
+        )
+    require_parameters(VLLM, version, function, "v2 rejection_sample", V2_PARAMETERS)
+    require_interpreted(VLLM, version, module._rejection_kernel, "_rejection_kernel")
+    supplied = complete_interpreter_libdevice()
+    note = (
+        f"; the interpreter's missing libdevice {', '.join(supplied)} supplied by numpy"
+        if supplied
+        else ""
+    )
+    sampler = VllmV2Sampler(
+        function, spec_utils.unconditional_to_conditional_rates, options, engine_device()
+    )
+    return Adapter(
+        name=name,
+        description=f"{version_note(VLLM, version)} model runner v2 (v1.worker.gpu."
+        f"spec_decode.rejection_sampler_utils.rejection_sample), {options.describe(v2=True)}; "
+        f"{mode_description()}; target and draft as log p, log q at temperature 1; randomness "
+        f"from per-request seeds hashed in the kernels (not coupled, tested statistically){note}",
+        chain=sampler,
+        greedy=sampler.greedy,
+    )
+
+
+def adapter() -> Adapter:
+    """The ``vllm`` target: model runner v1's ``RejectionSampler`` with default options."""
+    return v1_adapter("vllm")
+
+
+def synthetic_adapter() -> Adapter:
+    """``vllm-synthetic``: v1 with ``synthetic_mode`` (relaxes acceptance: LOSSY)."""
+    return v1_adapter("vllm-synthetic")
+
+
+def fp64_gumbel_adapter() -> Adapter:
+    """``vllm-fp64-gumbel``: v1 with ``use_fp64_gumbel``."""
+    return v1_adapter("vllm-fp64-gumbel")
+
+
+def fly_adapter() -> Adapter:
+    """``vllm-fly``: v1 with FLy deferred verification (relaxes acceptance: LOSSY)."""
+    return v1_adapter("vllm-fly")
+
+
+def v2_default_adapter() -> Adapter:
+    """``vllm-v2``: model runner v2's rejection sampler with default options."""
+    return v2_adapter("vllm-v2")
+
+
+def v2_block_adapter() -> Adapter:
+    """``vllm-v2-block``: model runner v2 with block verification."""
+    return v2_adapter("vllm-v2-block")
+
+
+def v2_synthetic_adapter() -> Adapter:
+    """``vllm-v2-synthetic``: model runner v2 with synthetic acceptance rates (LOSSY)."""
+    return v2_adapter("vllm-v2-synthetic")
+
+
+def v2_fp64_adapter() -> Adapter:
+    """``vllm-v2-fp64``: model runner v2 with ``use_fp64``."""
+    return v2_adapter("vllm-v2-fp64")
+
+
+def v2_fly_adapter() -> Adapter:
+    """``vllm-v2-fly``: model runner v2 with FLy deferred verification (LOSSY)."""
+    return v2_adapter("vllm-v2-fly")

@@ -31,18 +31,27 @@ needs_cuda = pytest.mark.skipif(not CUDA, reason="CUDA is not available")
 CASE_IDS = ("v2-tilted", "v16-near-k4", "v64-zeros", "v1000-peaked", "v32-mixed-batch")
 CASES = {case.case_id: case for case in default_chain_battery()}
 ADAPTERS = {
-    "vllm": "losslessness.adapters.vllm",
-    "flashinfer": "losslessness.adapters.flashinfer",
-    "sglang": "losslessness.adapters.sglang",
-    "transformers-cuda": "losslessness.adapters.transformers_cuda",
+    "vllm": "losslessness.adapters.vllm:adapter",
+    "vllm-v2": "losslessness.adapters.vllm:v2_default_adapter",
+    "flashinfer": "losslessness.adapters.flashinfer:adapter",
+    "sglang": "losslessness.adapters.sglang:adapter",
+    "sglang-tree": "losslessness.adapters.sglang:tree_adapter",
+    "transformers-cuda": "losslessness.adapters.transformers_cuda:adapter",
 }
+"""Registered name -> ``module:builder``; vllm and sglang run their Triton kernels on CUDA here
+(on CPU they go through Triton's interpreter: tests/test_engines_cpu.py)."""
+
+
+def _load(name: str):  # type: ignore[no-untyped-def]
+    module, _, builder = ADAPTERS[name].partition(":")
+    return getattr(importlib.import_module(module), builder)()
 ALPHA = 1e-5
 STEPS = 4000
 
 
 def _chain(name: str):  # type: ignore[no-untyped-def]
     try:
-        chain = importlib.import_module(ADAPTERS[name]).adapter().chain
+        chain = _load(name).chain
     except AdapterUnavailable as error:
         pytest.skip(f"{name}: {error}")
     return chain
@@ -52,9 +61,8 @@ def _chain(name: str):  # type: ignore[no-untyped-def]
 def test_gpu_adapter_is_unavailable_with_a_reason_or_loads(name: str) -> None:
     """Without its package or CUDA an adapter raises AdapterUnavailable naming the reason;
     with them it loads a chain verifier (runs everywhere, fast)."""
-    module = importlib.import_module(ADAPTERS[name])
     try:
-        loaded = module.adapter()
+        loaded = _load(name)
     except AdapterUnavailable as error:
         assert str(error)
         return

@@ -1,0 +1,171 @@
+"""vLLM and SGLang adapters (issue 12): faults without the engines, and the real Triton kernels
+through Triton's interpreter on CPU with them (``tox -e engines``).
+
+The first tests run everywhere (no engine import): an engine that is not installed, Triton
+missing, and an API that changed give AdapterUnavailable with the reason and the install
+command. The others skip cleanly unless vLLM 0.33 / SGLang 0.5.23 are installed; they keep B
+small (the interpreter costs about 10 ms per request row) and compare the kernels with the CPU
+reference decision by decision where the kernel takes our uniforms, token by token for greedy.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from importlib import metadata
+
+import pytest
+import torch
+
+from losslessness.adapters import AdapterUnavailable, engines
+from losslessness.adapters.engines import EngineSpec
+from losslessness.reference import ChainUniforms, verify, verify_greedy
+
+
+def _installed(name: str) -> bool:
+    try:
+        metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return False
+    return importlib.util.find_spec("triton") is not None
+
+
+needs_vllm = pytest.mark.skipif(not _installed("vllm"), reason="vllm is not installed")
+needs_sglang = pytest.mark.skipif(not _installed("sglang"), reason="sglang is not installed")
+SPEC = EngineSpec("no-such-engine", ("1.0.0",), "pip install --no-deps no-such-engine==1.0.0")
+
+
+def test_engine_not_installed_is_unavailable_with_the_install_command() -> None:
+    """A missing engine raises AdapterUnavailable naming it and the command that installs it."""
+    with pytest.raises(AdapterUnavailable, match=r"not installed.*pip install --no-deps"):
+        engines.prepare_engine(SPEC)
+
+
+def test_missing_triton_is_unavailable_with_the_install_command(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An installed engine without Triton raises AdapterUnavailable with Triton's pin."""
+    versions = {"no-such-engine": "1.0.0", "triton": None}
+    monkeypatch.setattr(engines, "installed_version", versions.get)
+    with pytest.raises(AdapterUnavailable, match=r"Triton is not installed.*triton==3\.7\.1"):
+        engines.prepare_engine(SPEC)
+
+
+def test_prepare_engine_sets_the_interpreter_environment_without_cuda(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without CUDA the adapter sets TRITON_INTERPRET=1 and CUDA_VISIBLE_DEVICES="" itself and
+    drops VLLM_TARGET_DEVICE=cpu; the user sets nothing."""
+    monkeypatch.setattr(engines, "installed_version", lambda name: "1.0.0")
+    monkeypatch.setattr(engines, "interpreter_mode", lambda: True)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setenv("VLLM_TARGET_DEVICE", "cpu")
+    assert engines.prepare_engine(SPEC) == "1.0.0"
+    import os
+
+    assert os.environ["TRITON_INTERPRET"] == "1"
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == ""
+    assert "VLLM_TARGET_DEVICE" not in os.environ
+
+
+def test_changed_api_is_unavailable_naming_added_and_removed_parameters() -> None:
+    """A signature that differs from the checked one names the added and removed parameters,
+    says the version is outside the checked range, and gives the install command."""
+
+    def renamed(draft_token_ids: object, target_logits: object, new_option: bool = False) -> None:
+        """A stand-in for an engine function whose API changed."""
+
+    with pytest.raises(AdapterUnavailable) as raised:
+        engines.require_parameters(
+            SPEC, "2.0.0", renamed, "rejection_sample", ("draft_token_ids", "target_probs")
+        )
+    message = str(raised.value)
+    assert "outside the range 1.0.0" in message
+    assert "added target_logits, new_option" in message
+    assert "removed target_probs" in message
+    assert SPEC.install in message
+
+
+def _case(batch: int, k: int, vocab: int, seed: int) -> tuple[torch.Tensor, ...]:
+    generator = torch.Generator().manual_seed(seed)
+    target = torch.softmax(2 * torch.randn(batch, k + 1, vocab, generator=generator), -1)
+    draft = torch.softmax(2 * torch.randn(batch, k, vocab, generator=generator), -1)
+    drafts = torch.multinomial(draft.reshape(-1, vocab), 1, generator=generator)
+    return target.double(), draft.double(), drafts.reshape(batch, k)
+
+
+@needs_sglang
+def test_sglang_chain_kernel_couples_with_reference_decision_by_decision() -> None:
+    """Fed our uniforms, SGLang's chain kernel emits exactly the reference's tokens (accepted
+    drafts and the inverse-CDF final token) on 24 rows."""
+    from losslessness.adapters.sglang import adapter
+
+    chain = adapter().chain
+    assert chain is not None
+    target, draft, drafts = _case(24, 3, 12, seed=1)
+    uniforms = ChainUniforms.draw(24, 3, torch.Generator().manual_seed(2))
+    generator = torch.Generator().manual_seed(3)
+    out = chain(target, draft, drafts, generator, uniforms=uniforms)  # type: ignore[call-arg]
+    assert torch.equal(out, verify(target, draft, drafts, generator, uniforms=uniforms))
+
+
+@needs_sglang
+def test_sglang_greedy_tree_verify_equals_reference_greedy() -> None:
+    """SGLang's greedy tree kernel on a chain emits the reference greedy tokens, with drafts
+    that match the argmax for a random prefix length."""
+    from losslessness.adapters.sglang import adapter
+
+    greedy = adapter().greedy
+    assert greedy is not None
+    logits = torch.randn(16, 4, 10, generator=torch.Generator().manual_seed(4))
+    drafts = logits[:, :3].argmax(-1)
+    drafts[::2, 1] = (drafts[::2, 1] + 1) % 10
+    assert torch.equal(greedy(logits, drafts), verify_greedy(logits, drafts))
+
+
+@needs_vllm
+def test_vllm_accept_decisions_couple_with_reference() -> None:
+    """Fed our accept uniforms, vLLM's RejectionSampler.forward accepts exactly the drafts the
+    reference accepts (its final token is an exponential race, not coupled)."""
+    from losslessness.adapters.vllm import adapter
+
+    chain = adapter().chain
+    assert chain is not None
+    target, draft, drafts = _case(16, 3, 12, seed=5)
+    uniforms = ChainUniforms.draw(16, 3, torch.Generator().manual_seed(6))
+    generator = torch.Generator().manual_seed(7)
+    out = chain(target, draft, drafts, generator, uniforms=uniforms)  # type: ignore[call-arg]
+    reference = verify(target, draft, drafts, generator, uniforms=uniforms)
+    emitted = (out != -1).sum(dim=1)
+    assert torch.equal(emitted, (reference != -1).sum(dim=1))
+    accepted = torch.arange(4).unsqueeze(0) < (emitted - 1).unsqueeze(1)
+    assert torch.equal(out[accepted], reference[accepted])
+
+
+@needs_vllm
+@pytest.mark.parametrize("name", ["vllm", "vllm-v2"])
+def test_vllm_greedy_equals_reference_greedy(name: str) -> None:
+    """vLLM's greedy path (v1 and model runner v2) emits the reference greedy tokens."""
+    from losslessness.adapters.vllm import v1_adapter, v2_adapter
+
+    loaded = v1_adapter(name) if name == "vllm" else v2_adapter(name)
+    assert loaded.greedy is not None
+    logits = torch.randn(8, 4, 10, generator=torch.Generator().manual_seed(8))
+    drafts = logits[:, :3].argmax(-1)
+    drafts[::2, 2] = (drafts[::2, 2] + 1) % 10
+    assert torch.equal(loaded.greedy(logits, drafts), verify_greedy(logits, drafts))
+
+
+@needs_vllm
+def test_vllm_synthetic_mode_accepts_drafts_the_target_never_emits() -> None:
+    """With synthetic_mode, vLLM accepts a draft of target probability 0 (disjoint supports),
+    which no lossless verifier does: the option relaxes acceptance."""
+    from losslessness.adapters.vllm import synthetic_adapter
+
+    chain = synthetic_adapter().chain
+    assert chain is not None
+    target = torch.tensor([[0.0, 1.0]]).repeat(16, 2, 1).double()
+    draft = torch.tensor([[1.0, 0.0]]).repeat(16, 1, 1).double()
+    drafts = torch.zeros(16, 1, dtype=torch.int64)
+    out = chain(target, draft, drafts, torch.Generator().manual_seed(9))
+    assert bool((out[:, 0] == 0).any())
