@@ -24,14 +24,9 @@ import pytest
 import torch
 
 from losslessness.adapters.mutants import block_verification_wrong_residual
-from losslessness.checks import (
-    ChainCase,
-    ChainSamples,
-    CheckContext,
-    Verdict,
-    check_acceptance,
-    sample_chain,
-)
+from losslessness.cases import ChainCase
+from losslessness.checks import check_acceptance
+from losslessness.engine.draw import sample_chain
 from losslessness.protocol import InvalidInputError
 from losslessness.reference import (
     BLOCK_VERIFICATION,
@@ -45,6 +40,8 @@ from losslessness.reference import (
     verify,
     verify_block,
 )
+from losslessness.results import CheckContext, Verdict
+from losslessness.samples import ChainSamples
 from losslessness.stats import acceptance_rate_test, identity_test
 from losslessness.stats.binomial import rate_bound_minimum_detectable_shift, rate_bound_test
 

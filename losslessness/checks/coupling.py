@@ -354,7 +354,7 @@ def check_coupling(
         candidate: a chain verifier; coupled when it takes ``uniforms=``
             (:func:`accepts_uniforms`).
         case: the case; its row types are interleaved in each call as in
-            :func:`losslessness.checks.sampling.sample_chain`.
+            :func:`losslessness.engine.draw.sample_chain`.
         n_steps: verification steps per row type (>= 1).
         seed: replays everything; each result carries it.
         reference: the CPU ground truth (float64 inputs); must take ``uniforms=`` on the
