@@ -8,7 +8,7 @@ same n steps of the entry's own case, over many seeds:
   bonus, acceptance, edges, independence; ``run_chain_checks``) at the default family-wise
   false-alarm rate 1e-3, Bonferroni-split over that case's statistical assertions; the greedy
   check for greedy entries;
-- the peers' tests of :mod:`losslessness.stats.peers` (vLLM histogram L2, vLLM chi-square,
+- the peers' tests of :mod:`benchmarks.peers` (vLLM histogram L2, vLLM chi-square,
   TensorRT-LLM KL, FlashInfer structure).
 
 The budgets of one seed are nested prefixes of one run of ``max(budgets)`` steps (steps are
@@ -46,6 +46,12 @@ import torch
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from statsmodels.stats.proportion import proportion_confint
 
+from benchmarks.peers import (
+    flashinfer_structure,
+    trtllm_kl,
+    vllm_chi_square,
+    vllm_histogram_l2,
+)
 from losslessness.adapters.mutants import MUTANTS, Mutant
 from losslessness.cases import ChainCase, GreedyCase
 from losslessness.checks import check_greedy, count_statistical_assertions, run_chain_checks
@@ -55,12 +61,6 @@ from losslessness.results import CheckContext, CheckKind, Verdict
 from losslessness.samples import ChainSamples
 from losslessness.seeding import derive_seed
 from losslessness.stats import DEFAULT_FAMILY_WISE_ALPHA
-from losslessness.stats.peers import (
-    flashinfer_structure,
-    trtllm_kl,
-    vllm_chi_square,
-    vllm_histogram_l2,
-)
 
 RUN_SEED = 4
 """Run seed of the measurement (issue 4); every (entry, seed index) seed derives from it."""

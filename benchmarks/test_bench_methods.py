@@ -4,7 +4,7 @@ Every method decides on the same samples: 1e4 steps of the lossless control
 ``gumbel-max-residual`` (V = 32, k = 2), drawn once per module with seed :data:`SEED`. Ours
 is the whole chain battery of one case (``run_chain_checks``, including the
 minimum-detectable-effect diagnostics every record carries); the peers are
-:mod:`losslessness.stats.peers`. Sampling is excluded: it is shared by all methods. Run by
+:mod:`benchmarks.peers`. Sampling is excluded: it is shared by all methods. Run by
 ``tox -e bench``; ``extra_info`` holds the method and n.
 """
 

@@ -9,7 +9,7 @@ expected number of accepted drafts among all valid verifiers (Theorem 2), in par
 worse than token verification. In the paper's motivating example (Sec. 1: two
 context-independent models on {a, b}, p = (1/3, 2/3), q = (2/3, 1/3), two drafts) token
 verification accepts 10/9 drafts per step on average, block verification 11/9, and the
-idealised joint coupling 12/9 (pinned in ``tests/test_block_verification.py``).
+idealised joint coupling 12/9 (pinned in ``tests/reference/test_block_verification.py``).
 
 In the chain protocol's 0-based positions (drafts d_0..d_{k-1}, targets p_0..p_k, drafts'
 laws q_0..q_{k-1}; the paper's ``M_b`` is p and ``M_s`` is q), the algorithm is:

@@ -377,7 +377,7 @@ def _verify_rows(
 def _row_sums(probs: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``probs.sum(dim=-1, dtype=dtype)`` (the shared path's form, to the bit), ``[..., V]`` ->
     ``[...]``. A narrower input on CPU is converted first: the same sums (pinned by
-    ``tests/test_reference_distinct_rows.py``), about 4x faster than the reduction's own
+    ``tests/reference/test_reference_distinct_rows.py``), about 4x faster than the reduction's own
     conversion."""
     if probs.dtype == dtype or probs.device.type != "cpu":
         return probs.sum(dim=-1, dtype=dtype)

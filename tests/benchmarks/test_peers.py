@@ -1,4 +1,4 @@
-"""The peers' tests (losslessness.stats.peers): each passes the exact law at its own nominal
+"""The peers' tests (benchmarks.peers): each passes the exact law at its own nominal
 sample size, detects a gross deviation, uses the published thresholds, and looks only where the
 peer looks (the blind spots are pinned too, so that the comparison in docs/detection-rates.md
 measures the peers' methods and not a stronger variant).
@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import scipy.special
 
-from losslessness.stats.peers import (
+from benchmarks.peers import (
     TRTLLM_KL_NOMINAL_SAMPLES,
     TRTLLM_KL_TOLERANCE,
     VLLM_CHI_SQUARE_MIN_EXPECTED,

@@ -15,7 +15,7 @@ import pytest
 
 from losslessness.suite import SMALL_VOCAB
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_suite(*options: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:

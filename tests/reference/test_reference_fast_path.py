@@ -7,7 +7,8 @@ materialised ones; ``verify(..., uniforms=ChainUniforms)`` equals ``verify_with_
 leaves the generator untouched; drawing from a shared cumulative table equals drawing from a
 per-draw copy; inputs on different devices are refused naming the argument; the audit's
 sampler gives the verifier contiguous inputs and re-samples when a verifier writes into them.
-All exact (no statistics): the law itself is pinned by ``tests/test_reference_properties.py``.
+All exact (no statistics): the law itself is pinned by
+``tests/reference/test_reference_properties.py``.
 """
 
 from __future__ import annotations

@@ -459,7 +459,7 @@ def test_configure_profile_prefers_the_option_over_the_environment(
 def test_the_losslessness_profile_option_overrides_the_environment_in_a_pytest_run() -> None:
     """A real ``pytest --losslessness-profile nightly`` run with the variable set to ``ci``
     reports ``nightly`` in its header (the option is wired through ``tests/conftest.py``)."""
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     environment = {**os.environ, strategies.PROFILE_ENV_VAR: "ci"}
     command = [
         sys.executable,
@@ -470,7 +470,7 @@ def test_the_losslessness_profile_option_overrides_the_environment_in_a_pytest_r
         "--collect-only",
         "--losslessness-profile",
         "nightly",
-        "tests/test_strategies.py::test_nightly_runs_ten_times_the_ci_examples",
+        "tests/strategies/test_strategies.py::test_nightly_runs_ten_times_the_ci_examples",
     ]
     run = subprocess.run(
         command, cwd=root, env=environment, capture_output=True, text=True, check=False

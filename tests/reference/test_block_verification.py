@@ -45,7 +45,7 @@ from losslessness.samples import ChainSamples
 from losslessness.stats import acceptance_rate_test, identity_test
 from losslessness.stats.binomial import rate_bound_minimum_detectable_shift, rate_bound_test
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 # The battery's v2-tilted case (losslessness.checks.battery): block verification accepts both
 # drafts with probability 0.52, token verification 0.48, the joint bound is 0.6.
