@@ -14,17 +14,15 @@ import platform
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import scipy
 import torch
 
 import losslessness
+from losslessness.cases import ChainCase, GreedyCase
 from losslessness.design import RunConfig
-
-if TYPE_CHECKING:
-    from losslessness.cases import ChainCase, GreedyCase
 
 SCHEMA_VERSION = "2"
 """Version of the :class:`AuditResult` JSON layout (docs/report-schema.md)."""
@@ -51,6 +49,57 @@ class CheckKind(str, enum.Enum):
 
     EXACT = "exact"
     STATISTICAL = "statistical"
+
+
+@dataclass(frozen=True)
+class LawCells:
+    """What a law check observed, cell by cell, bounded: the tokens of largest target
+    probability and one pooled cell for the rest (the figures of the reports read it).
+
+    Attributes:
+        tokens: kept token ids, by decreasing p (ties: lowest id first).
+        observed: their counts among the samples that reached the position.
+        p: their target probabilities.
+        other_observed: counts of every other in-vocabulary token.
+        other_p: mass of every other token (0 when every token is kept).
+    """
+
+    tokens: list[int]
+    observed: list[int]
+    p: list[float]
+    other_observed: int
+    other_p: float
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LawCells:
+        """From :func:`dataclasses.asdict`'s form."""
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class AcceptanceCounts:
+    """What an acceptance check observed at its position, given the position was reached.
+
+    Attributes:
+        expected_rate: sum min(p_i, q_i) = 1 - TV(p_i, q_i), what the standard algorithm
+            accepts.
+        accepted: drafts accepted among the ``reached`` steps.
+        reached: steps that reached the position.
+    """
+
+    expected_rate: float
+    accepted: int
+    reached: int
+
+    @property
+    def observed_rate(self) -> float | None:
+        """``accepted / reached`` (None when the position was never reached)."""
+        return self.accepted / self.reached if self.reached else None
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> AcceptanceCounts:
+        """From :func:`dataclasses.asdict`'s form."""
+        return cls(**data)
 
 
 @dataclass
@@ -84,6 +133,10 @@ class CheckResult:
         details: extra JSON-able numbers (expected rate, pooled mass, counts, ...).
         replay: the command that redraws exactly this assertion's samples and recomputes its
             test, or None where no command can (device comparisons).
+        n_rows: row types of the case's batch (``row`` is one of them).
+        cells: what a law check observed per cell (law and one-hot checks), else None.
+        acceptance: what an acceptance check observed (acceptance and its edge checks), else
+            None.
     """
 
     check_id: str
@@ -107,12 +160,15 @@ class CheckResult:
     message: str = ""
     details: dict[str, Any] = field(default_factory=dict)
     replay: str | None = None
+    n_rows: int = 1
+    cells: LawCells | None = None
+    acceptance: AcceptanceCounts | None = None
 
     @property
     def where(self) -> str:
         """Short location: ``case[row r] pos i``."""
         text = self.case_id
-        if self.row is not None and self.details.get("n_rows", 1) > 1:
+        if self.row is not None and self.n_rows > 1:
             text += f"[row {self.row}]"
         if self.position is not None:
             text += f" pos {self.position}"
@@ -131,6 +187,7 @@ class CheckContext:
         tv: design TV distance.
         seed: the seed that replays the case's samples.
         sampling_time_s: seconds the case's samples took (shared by its assertions).
+        n_rows: row types of the case's batch.
     """
 
     target: str
@@ -142,6 +199,7 @@ class CheckContext:
     tv: float
     seed: int
     sampling_time_s: float = 0.0
+    n_rows: int = 1
 
     @classmethod
     def for_case(
@@ -155,7 +213,17 @@ class CheckContext:
         seed: int,
     ) -> CheckContext:
         """The context of ``case`` audited on ``target`` (sampling time filled in later)."""
-        return cls(target, case.case_id, case.summary, case.case_hash, alpha, power, tv, seed)
+        return cls(
+            target,
+            case.case_id,
+            case.summary,
+            case.case_hash,
+            alpha,
+            power,
+            tv,
+            seed,
+            n_rows=case.n_rows if isinstance(case, ChainCase) else 1,
+        )
 
     def result(
         self,
@@ -173,6 +241,8 @@ class CheckContext:
         wall_time_s: float = 0.0,
         message: str = "",
         details: dict[str, Any] | None = None,
+        cells: LawCells | None = None,
+        acceptance: AcceptanceCounts | None = None,
     ) -> CheckResult:
         """Build a :class:`CheckResult` for this case (exact checks get ``alpha`` 0.0)."""
         return CheckResult(
@@ -196,6 +266,9 @@ class CheckContext:
             wall_time_s=self.sampling_time_s + wall_time_s,
             message=message,
             details=details or {},
+            n_rows=self.n_rows,
+            cells=cells,
+            acceptance=acceptance,
         )
 
     def untested(
@@ -244,6 +317,10 @@ def check_from_dict(data: dict[str, Any]) -> CheckResult:
     values["verdict"] = Verdict(values["verdict"])
     if values["min_detectable_tv"] is None:
         values["min_detectable_tv"] = math.inf
+    if values.get("cells") is not None:
+        values["cells"] = LawCells.from_dict(values["cells"])
+    if values.get("acceptance") is not None:
+        values["acceptance"] = AcceptanceCounts.from_dict(values["acceptance"])
     return CheckResult(**values)
 
 

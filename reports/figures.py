@@ -91,7 +91,7 @@ def _band_alpha(check: CheckResult, fallback: float) -> float:
 
 def has_cells(check: CheckResult) -> bool:
     """Whether ``check`` carries the per-cell counts a law panel needs."""
-    return "cell_observed" in check.details and check.n > 0
+    return check.cells is not None and check.n > 0
 
 
 def law_groups(target: TargetResult, limit: int = MAX_LAW_FIGURES) -> list[list[CheckResult]]:
@@ -119,13 +119,14 @@ def law_groups(target: TargetResult, limit: int = MAX_LAW_FIGURES) -> list[list[
 
 
 def _law_panel(ax: Axes, check: CheckResult, band_alpha: float) -> None:
-    details = check.details
-    observed = list(details["cell_observed"])
-    p = list(details["cell_p"])
-    labels = [str(token) for token in details["cell_tokens"]]
-    if details.get("other_p", 0.0) > 0 or details.get("other_observed", 0) > 0:
-        observed.append(int(details["other_observed"]))
-        p.append(float(details["other_p"]))
+    cells = check.cells
+    assert cells is not None
+    observed = list(cells.observed)
+    p = list(cells.p)
+    labels = [str(token) for token in cells.tokens]
+    if cells.other_p > 0 or cells.other_observed > 0:
+        observed.append(cells.other_observed)
+        p.append(cells.other_p)
         labels.append("other")
     counts = np.asarray(observed, dtype=np.int64)
     total = int(counts.sum())
@@ -187,7 +188,7 @@ def law_figure(checks: Sequence[CheckResult], fallback_alpha: float) -> Figure:
         _law_panel(ax, check, _band_alpha(check, fallback_alpha))
     axes[0].set_ylabel("probability")
     axes[0].legend(fontsize=7, loc="upper right")
-    row = f" row {first.row}" if first.details.get("n_rows", 1) > 1 else ""
+    row = f" row {first.row}" if first.n_rows > 1 else ""
     summary = textwrap.shorten(first.case_summary, width=int(width * 13), placeholder="...")
     figure.suptitle(f"{first.target}: {first.case_id}{row}\n{summary}", fontsize=10)
     return Figure(
@@ -271,13 +272,13 @@ def acceptance_figure(target: TargetResult, fallback_alpha: float) -> Figure | N
         for check in target.checks
         if check.check_id in _ACCEPTANCE_CHECK_IDS
         and check.n > 0
-        and "accepted" in check.details
-        and "expected_rate" in check.details
+        and check.acceptance is not None
     ]
     if not checks:
         return None
-    expected = np.array([check.details["expected_rate"] for check in checks], dtype=np.float64)
-    accepted = np.array([check.details["accepted"] for check in checks], dtype=np.int64)
+    counts = [check.acceptance for check in checks if check.acceptance is not None]
+    expected = np.array([c.expected_rate for c in counts], dtype=np.float64)
+    accepted = np.array([c.accepted for c in counts], dtype=np.int64)
     n = np.array([check.n for check in checks], dtype=np.int64)
     levels = np.array([_band_alpha(check, fallback_alpha) for check in checks])
     low, high = proportion_confint(accepted, n, alpha=levels, method="beta")

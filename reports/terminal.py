@@ -58,7 +58,7 @@ def _table(result: AuditResult, index: int) -> Table:
     ):
         table.add_column(column, justify=justify)  # type: ignore[arg-type]
     for check in target.checks:
-        case = check.case_id + (f"[{check.row}]" if check.details.get("n_rows", 1) > 1 else "")
+        case = check.case_id + (f"[{check.row}]" if check.n_rows > 1 else "")
         underpowered = check.kind is CheckKind.STATISTICAL and (
             check.min_detectable_tv > result.config.tv * 1.0001
         )

@@ -29,9 +29,9 @@ false-alarm probability stays at most the level):
 
 The reported p-value is twice the smaller one-sided p-value (capped at 1), so the verdict is
 still ``p-value <= alpha``; the minimum detectable shift is the larger of the two tests'. The
-record's ``n``, ``statistic`` and ``accepted`` / ``expected_rate`` details stay the conditional
-acceptance at position i against sum min(p_i, q_i) (what reports plot); the prefix tests'
-counts are in the ``prefix_*`` details and the message.
+record's ``n``, ``statistic`` and ``acceptance`` counts stay the conditional acceptance at
+position i against sum min(p_i, q_i) (what reports plot); the prefix tests' counts are in the
+``prefix_*`` details and the message.
 
 Where the acceptance probability at a position is exactly 0 (disjoint supports) or 1
 (p == q) the check is exact and conditional on reaching the position: any accepted draft with
@@ -51,7 +51,7 @@ from losslessness.checks.assertions import case_laws, exact_acceptance, is_reach
 from losslessness.checks.structure import emitted_counts
 from losslessness.reference.block import BLOCK_VERIFICATION, TOKEN_VERIFICATION, block_laws
 from losslessness.reference.laws import ChainLaws, PrefixAcceptanceBound, prefix_acceptance_bound
-from losslessness.results import CheckContext, CheckKind, CheckResult, Verdict
+from losslessness.results import AcceptanceCounts, CheckContext, CheckKind, CheckResult, Verdict
 from losslessness.samples import ChainSamples
 from losslessness.stats import (
     acceptance_rate_test,
@@ -114,13 +114,8 @@ def check_acceptance(
             accepted = int((counts[r] > i + 1).sum())
             expected = float(laws.acceptance[i])
             exact = exact_acceptance(laws, i)
-            details = {
-                "n_rows": case.n_rows,
-                "expected_rate": expected,
-                "accepted": accepted,
-                "observed_rate": accepted / reached if reached else None,
-            }
-            common = {"position": i, "row": r, "n": reached}
+            observed = AcceptanceCounts(expected, accepted, reached)
+            common: dict[str, Any] = {"position": i, "row": r, "n": reached, "acceptance": observed}
             if exact is not None:
                 tag, edge_id = _EXACT_IDS[exact]
                 deviations = accepted if exact == 0.0 else reached - accepted
@@ -139,7 +134,6 @@ def check_acceptance(
                             reached, context.power
                         ),
                         wall_time_s=time.perf_counter() - began,
-                        details=details,
                         message=f"{deviations} of {reached} drafts {what} at position {i}",
                         **common,
                     )
@@ -149,7 +143,7 @@ def check_acceptance(
                 assert bound is not None
                 results.append(
                     _prefix_result(
-                        context, laws, counts[r], i, r, bound, block_reach, details, began
+                        context, laws, counts[r], i, r, bound, block_reach, observed, began
                     )
                 )
                 continue
@@ -180,7 +174,7 @@ def check_acceptance(
                     ),
                     wall_time_s=time.perf_counter() - began,
                     message=message,
-                    details={**details, "direction": test.direction},
+                    details={"direction": test.direction},
                     **common,
                 )
             )
@@ -195,18 +189,18 @@ def _prefix_result(
     row: int,
     bound: PrefixAcceptanceBound,
     block_reach: np.ndarray | None,
-    conditional: dict[str, Any],
+    conditional: AcceptanceCounts,
     began: float,
 ) -> CheckResult:
     """The assertion at draft position ``position`` >= 1: the count of steps (of all steps)
     that accepted d_0..d_position, against the joint bound (LOSSY above) and the SUBOPTIMAL
     threshold (below), each by an exact one-sided binomial test at half the level.
 
-    The record's ``n``, ``statistic`` and the ``accepted`` / ``expected_rate`` details stay
-    those of the acceptance at this position given that it was reached, against
-    sum min(p_i, q_i) (what reports plot); ``p_value`` and ``min_detectable_tv`` are the
-    prefix tests' (the larger of their two minimum detectable shifts, in units of the prefix
-    rate), whose counts are in the ``prefix_*`` details and the message."""
+    The record's ``n``, ``statistic`` and ``acceptance`` counts stay those of the acceptance
+    at this position given that it was reached, against sum min(p_i, q_i) (what reports
+    plot); ``p_value`` and ``min_detectable_tv`` are the prefix tests' (the larger of their
+    two minimum detectable shifts, in units of the prefix rate), whose counts are in the
+    ``prefix_*`` details and the message."""
     m = position + 1
     steps = int(counts.shape[0])
     accepted = int((counts > m).sum())
@@ -244,11 +238,10 @@ def _prefix_result(
             f"{lower_name} (one-sided p-value {low.pvalue:.3g} <= {level:.3g}): lossless "
             "verifiers may do this, but it wastes drafts"
         )
-    # The record's n, statistic, "accepted", "observed_rate" and "expected_rate" stay those of
-    # acceptance at this position given it was reached, against sum min(p_i, q_i), as reports
-    # plot them; the test that decides is on the prefix over all steps, in "prefix_*".
+    # The record's n, statistic and acceptance counts stay those of acceptance at this position
+    # given it was reached, against sum min(p_i, q_i), as reports plot them; the test that
+    # decides is on the prefix over all steps, in "prefix_*".
     details = {
-        **conditional,
         "statistic": "conditional acceptance; verdict from the prefix tests (prefix_*)",
         "prefix_n": steps,
         "prefix_accepted": accepted,
@@ -269,7 +262,7 @@ def _prefix_result(
         "acceptance",
         kind=CheckKind.STATISTICAL,
         verdict=verdict,
-        statistic=conditional["observed_rate"],
+        statistic=conditional.observed_rate,
         p_value=min(1.0, 2.0 * min(high.pvalue, low.pvalue)),
         min_detectable_tv=max(shift_high, shift_low),
         wall_time_s=time.perf_counter() - began,
@@ -278,4 +271,5 @@ def _prefix_result(
         position=position,
         row=row,
         n=reached,
+        acceptance=conditional,
     )

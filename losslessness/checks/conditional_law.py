@@ -26,7 +26,7 @@ from losslessness.checks.assertions import (
 )
 from losslessness.checks.ids import LAW_CHECK_ID
 from losslessness.checks.structure import emitted_counts
-from losslessness.results import CheckContext, CheckKind, CheckResult, Verdict
+from losslessness.results import CheckContext, CheckKind, CheckResult, LawCells, Verdict
 from losslessness.samples import ChainSamples
 from losslessness.stats import (
     exact_check_minimum_detectable_rate,
@@ -35,31 +35,31 @@ from losslessness.stats import (
 )
 
 LAW_CELLS_KEPT = 40
-"""Cells of largest target probability whose counts a law result keeps in ``details``."""
+"""Cells of largest target probability whose counts a law result keeps (:class:`LawCells`)."""
 
 
-def law_cells(observed: np.ndarray, p: np.ndarray) -> dict[str, Any]:
-    """The bounded per-cell record of one position for ``details``.
+def law_cells(observed: np.ndarray, p: np.ndarray) -> LawCells:
+    """The bounded per-cell record of one position.
 
     Args:
         observed: ``[V]`` int counts of the emitted tokens in the vocabulary.
         p: ``[V]`` float target law p_i.
 
     Returns:
-        ``cell_tokens`` (token ids, by decreasing p, ties lowest id first), ``cell_observed``
-        (their counts), ``cell_p`` (their p_i), and ``other_observed`` / ``other_p``: the
-        counts and mass of every other cell (0 when V <= :data:`LAW_CELLS_KEPT`).
+        :class:`~losslessness.results.LawCells`: the :data:`LAW_CELLS_KEPT` tokens of largest
+        p (ties lowest id first) with their counts and p_i, and the counts and mass of every
+        other cell (0 when V <= :data:`LAW_CELLS_KEPT`).
     """
     order = np.lexsort((np.arange(p.size), -p))[:LAW_CELLS_KEPT]
     rest = np.ones(p.size, dtype=bool)
     rest[order] = False
-    return {
-        "cell_tokens": [int(token) for token in order],
-        "cell_observed": [int(count) for count in observed[order]],
-        "cell_p": [float(mass) for mass in p[order]],
-        "other_observed": int(observed[rest].sum()),
-        "other_p": float(p[rest].sum()),
-    }
+    return LawCells(
+        tokens=[int(token) for token in order],
+        observed=[int(count) for count in observed[order]],
+        p=[float(mass) for mass in p[order]],
+        other_observed=int(observed[rest].sum()),
+        other_p=float(p[rest].sum()),
+    )
 
 
 def check_conditional_laws(samples: ChainSamples, context: CheckContext) -> list[CheckResult]:
@@ -84,8 +84,8 @@ def check_conditional_laws(samples: ChainSamples, context: CheckContext) -> list
             statistical = law_is_statistical(laws, i)
             check_id = LAW_CHECK_ID if statistical or "one-hot" not in case.tags else "edge.one-hot"
             kind = CheckKind.STATISTICAL if statistical else CheckKind.EXACT
-            common = {"position": i, "row": r, "n": int(tokens.size)}
-            details = {"n_rows": case.n_rows, "reach_probability": float(laws.reach[i])}
+            common: dict[str, Any] = {"position": i, "row": r, "n": int(tokens.size)}
+            details: dict[str, Any] = {"reach_probability": float(laws.reach[i])}
             if not is_reachable(laws, i):
                 results.append(
                     context.result(
@@ -114,8 +114,8 @@ def check_conditional_laws(samples: ChainSamples, context: CheckContext) -> list
                 pooled_mass=test.pooled_mass,
                 zero_mass_count=test.zero_mass_count,
                 out_of_vocab=out_of_vocab,
-                **law_cells(observed_counts, p),
             )
+            cells = law_cells(observed_counts, p)
             if impossible:
                 verdict = Verdict.LOSSY
                 shown = list(test.zero_mass_tokens[:5])
@@ -157,6 +157,7 @@ def check_conditional_laws(samples: ChainSamples, context: CheckContext) -> list
                     wall_time_s=time.perf_counter() - began,
                     message=message,
                     details=details,
+                    cells=cells,
                     **common,
                 )
             )

@@ -13,6 +13,7 @@ pairs' contingency table.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import numpy as np
 from scipy import stats
@@ -61,8 +62,8 @@ def check_row_independence(samples: ChainSamples, context: CheckContext) -> list
         category[frequent] = np.arange(frequent.size)
         other_mass = 1.0 - float(p0[frequent].sum())
         n_categories = frequent.size + (other_mass * n_pairs >= MIN_EXPECTED_PAIR_COUNT)
-        common = {"position": 0, "row": row, "n": n_pairs}
-        details = {"n_rows": case.n_rows, "categories": int(n_categories)}
+        common: dict[str, Any] = {"position": 0, "row": row, "n": n_pairs}
+        details = {"categories": int(n_categories)}
         if n_categories < 2:
             results.append(
                 context.result(

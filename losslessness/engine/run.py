@@ -166,7 +166,13 @@ def _run_chain_unit(state: _ShardState, unit: Unit, record: UnitRecord) -> None:
 
 
 def _context(
-    plan: PlanRecord, target: str, case_id: str, summary: str, case_hash: str, seed: int
+    plan: PlanRecord,
+    target: str,
+    case_id: str,
+    summary: str,
+    case_hash: str,
+    seed: int,
+    n_rows: int = 1,
 ) -> CheckContext:
     config = plan.config
     return CheckContext(
@@ -178,6 +184,7 @@ def _context(
         power=config.power,
         tv=config.tv,
         seed=seed,
+        n_rows=n_rows,
     )
 
 
@@ -411,7 +418,9 @@ def _chain_checks(
 ) -> list[CheckResult]:
     plan = merged.plan
     grid: ChainCasePlan = plan.chain_cases[case.case_id]
-    context = _context(plan, target, case.case_id, case.summary, case.case_hash, grid.seed)
+    context = _context(
+        plan, target, case.case_id, case.summary, case.case_hash, grid.seed, case.n_rows
+    )
     context = dataclasses.replace(context, sampling_time_s=sum(u.wall_time_s for u in units))
     failures = sorted((unit for unit in units if unit.failure_kind), key=lambda unit: unit.index)
     protocol = [unit for unit in failures if unit.failure_kind == "protocol"]

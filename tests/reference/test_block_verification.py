@@ -184,7 +184,9 @@ def test_acceptance_check_passes_block_verifier_where_old_check_failed(
     assert math.isfinite(position1.min_detectable_tv)
     assert "1 - TV of the joint laws of the first 2 tokens" in position1.message
     assert position1.details["upper_bound"] == pytest.approx(0.6, abs=1e-9)
-    assert position1.details["observed_rate"] > position1.details["expected_rate"] + 0.03
+    assert position1.acceptance is not None
+    assert position1.acceptance.observed_rate is not None
+    assert position1.acceptance.observed_rate > position1.acceptance.expected_rate + 0.03
 
 
 def test_prefix_acceptance_above_joint_bound_is_lossy(tilted_block: ChainSamples) -> None:

@@ -35,7 +35,7 @@ from losslessness.design import AuditConfig
 from losslessness.engine import UnavailableTarget, run_audit
 from losslessness.engine.battery import default_chain_battery
 from losslessness.reference.laws import chain_laws
-from losslessness.results import AuditResult, CheckResult, Verdict
+from losslessness.results import AuditResult, CheckResult, LawCells, Verdict
 from reports import (
     REPORT_FILES,
     STEP_SUMMARY_LIMIT,
@@ -280,7 +280,8 @@ def test_report_json_round_trips_with_figure_details(
     again = read_json(written["json"])
     assert audit_to_dict(again) == audit_to_dict(result)
     law = next(c for c in again.targets[0].checks if c.check_id == "law" and c.n > 0)
-    assert sum(law.details["cell_observed"]) + law.details["other_observed"] == law.n
+    assert law.cells is not None
+    assert sum(law.cells.observed) + law.cells.other_observed == law.n
     assert set(REPORT_FILES) == set(written) and all(path.exists() for path in written.values())
 
 
@@ -293,31 +294,29 @@ def test_law_details_keep_the_top_cells_by_p_and_pool_the_rest() -> None:
     p /= p.sum()
     observed = rng.multinomial(10_000, p)
     cells = law_cells(observed, p)
-    assert len(cells["cell_tokens"]) == LAW_CELLS_KEPT
-    assert cells["cell_tokens"][:2] == [7, 9]
-    assert cells["cell_p"] == sorted(cells["cell_p"], reverse=True)
-    assert sum(cells["cell_observed"]) + cells["other_observed"] == 10_000
-    assert math.isclose(sum(cells["cell_p"]) + cells["other_p"], 1.0, rel_tol=1e-12)
+    assert len(cells.tokens) == LAW_CELLS_KEPT
+    assert cells.tokens[:2] == [7, 9]
+    assert cells.p == sorted(cells.p, reverse=True)
+    assert sum(cells.observed) + cells.other_observed == 10_000
+    assert math.isclose(sum(cells.p) + cells.other_p, 1.0, rel_tol=1e-12)
     small = law_cells(np.array([3, 1]), np.array([0.25, 0.75]))
-    assert small == {
-        "cell_tokens": [1, 0],
-        "cell_observed": [1, 3],
-        "cell_p": [0.75, 0.25],
-        "other_observed": 0,
-        "other_p": 0.0,
-    }
-    json.dumps(cells)
+    assert small == LawCells(
+        tokens=[1, 0], observed=[1, 3], p=[0.75, 0.25], other_observed=0, other_p=0.0
+    )
+    json.dumps(dataclasses.asdict(cells))
 
 
 def test_acceptance_details_carry_counts_and_exact_sum_min_pq(result: AuditResult) -> None:
-    """Every acceptance record has accepted of n and the exact sum min(p_i, q_i)."""
+    """Every acceptance record carries its typed counts: accepted of n reached, and the exact
+    sum min(p_i, q_i)."""
     case = next(c for c in default_chain_battery() if c.case_id == "v2-tilted")
     exact = chain_laws(case.target_probs[0], case.draft_probs[0]).acceptance
     checks = [c for c in result.targets[0].checks if c.check_id == "acceptance"]
     assert [c.position for c in checks] == [0, 1]
     for check in checks:
-        assert 0 < check.details["accepted"] <= check.n
-        assert check.details["expected_rate"] == float(exact[check.position])
+        assert check.acceptance is not None and check.acceptance.reached == check.n
+        assert 0 < check.acceptance.accepted <= check.n
+        assert check.acceptance.expected_rate == float(exact[check.position])
 
 
 def test_steady_history_flags_nothing(result: AuditResult) -> None:
