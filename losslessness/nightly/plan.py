@@ -10,7 +10,7 @@ the night is split into shards:
   sample;
 - ``greedy``: one greedy case on one target (exact, deterministic);
 - ``end-to-end``: the end-to-end engines of one adapter (the sequence-law checks);
-- ``device``: :func:`losslessness.checks.coupling.run_device_checks` on the night's device;
+- ``device``: :func:`losslessness.engine.device.run_device_checks` on the night's device;
 - ``suite``: the property suite on one target (a pytest subprocess).
 
 The family-wise false-alarm rate of the battery and device checks is one Bonferroni budget,
@@ -307,14 +307,14 @@ DeviceChecks = Callable[..., Any]
 
 
 def load_device_checks() -> tuple[DeviceChecks | None, str | None]:
-    """``losslessness.checks.coupling.run_device_checks``, or None and why it is missing."""
+    """``losslessness.engine.device.run_device_checks``, or None and why it is missing."""
     try:
-        module = importlib.import_module("losslessness.checks.coupling")
+        module = importlib.import_module("losslessness.engine.device")
     except ImportError as error:
-        return None, f"losslessness.checks.coupling does not import: {error}"
+        return None, f"losslessness.engine.device does not import: {error}"
     function = getattr(module, "run_device_checks", None)
     if function is None:
-        return None, "losslessness.checks.coupling has no run_device_checks"
+        return None, "losslessness.engine.device has no run_device_checks"
     checks: DeviceChecks = function
     return checks, None
 

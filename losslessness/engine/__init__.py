@@ -1,0 +1,1 @@
+"""The run engine: planning, sampling and budgeting of checks (device unit: ``device``)."""
