@@ -165,7 +165,7 @@ class SglangTreeSampler(KernelVerifier):
             raise InvalidInputError(
                 "draft_probs",
                 "SGLang's target-only kernel assumes deterministic drafts: every row of q must "
-                "be one-hot (use losslessness.checks.coupling.deterministic_draft_case)",
+                "be one-hot (use losslessness.engine.device.deterministic_draft_case)",
             )
         if uniforms is None:
             uniforms = ChainUniforms.draw(batch, k, generator)

@@ -249,7 +249,6 @@ def check_precision(
                     message=message,
                     details={
                         "diagnostic": PRECISION_DIAGNOSTIC,
-                        "n_rows": case.n_rows,
                         "dtype": report.dtype,
                         "max_tv": report.max_tv,
                         "emitted_tv": list(report.emitted_tv),

@@ -1,4 +1,5 @@
-"""Statistics layer: identity tests, binomial tests, power and sample size, error budget.
+"""Statistics layer: identity tests, two-sample tests, binomial tests, power and sample size,
+error budget.
 
 Every test comes as a triple (the assertion, the smallest discrepancy it detects at n, the n it
 needs for a discrepancy); see :mod:`losslessness.stats.power`. Inputs are numpy arrays, outputs
@@ -24,6 +25,12 @@ from losslessness.stats.power import (
     minimum_detectable_tv,
     plan_identity_test,
 )
+from losslessness.stats.two_sample import (
+    TwoSampleTestResult,
+    two_sample_minimum_detectable_tv,
+    two_sample_sample_size,
+    two_sample_test,
+)
 
 __all__ = [
     "DEFAULT_FAMILY_WISE_ALPHA",
@@ -32,6 +39,7 @@ __all__ = [
     "ErrorBudget",
     "IdentityPlan",
     "IdentityTestResult",
+    "TwoSampleTestResult",
     "acceptance_rate_test",
     "binomial_minimum_detectable_shift",
     "chi_square_power",
@@ -43,4 +51,7 @@ __all__ = [
     "minimum_detectable_tv",
     "plan_identity_test",
     "pooling_partition",
+    "two_sample_minimum_detectable_tv",
+    "two_sample_sample_size",
+    "two_sample_test",
 ]

@@ -10,19 +10,19 @@ Statistical assertions run at 1e-5 each (at most a few dozen per test).
 
 from __future__ import annotations
 
-import importlib
-
 import pytest
 import torch
 
 from losslessness.adapters import AdapterUnavailable
-from losslessness.checks.coupling import (
+from losslessness.engine.battery import default_chain_battery
+from losslessness.engine.device import (
+    GPU_ADAPTERS,
     accepts_uniforms,
     check_coupling,
     couples_final_token,
     deterministic_draft_case,
+    load_device_adapter,
 )
-from losslessness.engine.battery import default_chain_battery
 from losslessness.reference import verify
 from losslessness.results import Verdict
 
@@ -30,43 +30,31 @@ CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="CUDA is not available")
 CASE_IDS = ("v2-tilted", "v16-near-k4", "v64-zeros", "v1000-peaked", "v32-mixed-batch")
 CASES = {case.case_id: case for case in default_chain_battery()}
-ADAPTERS = {
-    "vllm": "losslessness.adapters.vllm:adapter",
-    "vllm-v2": "losslessness.adapters.vllm:v2_default_adapter",
-    "flashinfer": "losslessness.adapters.flashinfer:adapter",
-    "sglang": "losslessness.adapters.sglang:adapter",
-    "sglang-tree": "losslessness.adapters.sglang:tree_adapter",
-    "transformers-cuda": "losslessness.adapters.transformers_cuda:adapter",
-}
-"""Registered name -> ``module:builder``; vllm and sglang run their Triton kernels on CUDA here
-(on CPU they go through Triton's interpreter: tests/test_engines_cpu.py)."""
-
-
-def _load(name: str):  # type: ignore[no-untyped-def]
-    module, _, builder = ADAPTERS[name].partition(":")
-    return getattr(importlib.import_module(module), builder)()
+ADAPTERS = sorted(GPU_ADAPTERS)
+"""Registered adapter names, resolved through the registry (``load_device_adapter``)."""
 ALPHA = 1e-5
 STEPS = 4000
 
 
 def _chain(name: str):  # type: ignore[no-untyped-def]
     try:
-        chain = _load(name).chain
+        chain = load_device_adapter(name, "cuda")
     except AdapterUnavailable as error:
         pytest.skip(f"{name}: {error}")
     return chain
 
 
-@pytest.mark.parametrize("name", sorted(ADAPTERS))
+@pytest.mark.parametrize("name", ADAPTERS)
 def test_gpu_adapter_is_unavailable_with_a_reason_or_loads(name: str) -> None:
-    """Without its package or CUDA an adapter raises AdapterUnavailable naming the reason;
-    with them it loads a chain verifier (runs everywhere, fast)."""
+    """Resolved by its registered name, without its package or CUDA an adapter raises
+    AdapterUnavailable naming the reason; with them it loads a chain verifier (runs
+    everywhere, fast)."""
     try:
-        loaded = _load(name)
+        chain = load_device_adapter(name, "cuda")
     except AdapterUnavailable as error:
         assert str(error)
         return
-    assert loaded.chain is not None
+    assert callable(chain)
 
 
 @pytest.mark.gpu
@@ -83,7 +71,7 @@ def test_gpu_reference_on_cuda_couples_with_cpu_reference(case_id: str, dtype: t
 @pytest.mark.gpu
 @needs_cuda
 @pytest.mark.parametrize("case_id", CASE_IDS)
-@pytest.mark.parametrize("name", sorted(ADAPTERS))
+@pytest.mark.parametrize("name", ADAPTERS)
 def test_gpu_adapter_agrees_with_cpu_reference(name: str, case_id: str) -> None:
     """Coupled with the CPU reference when the adapter takes uniforms (decisions, and final
     tokens when coupled); identity- and two-sample-tested otherwise, and for the final tokens
