@@ -36,6 +36,7 @@ from losslessness.engine.cluster import (
     run_shards_on_ray,
 )
 from losslessness.results import CheckResult, TargetVerdict
+from tests.engine.outcomes import check_outcome
 
 LOSSY_TARGET = "mutant/residual-zeroes-rejected-token"
 """A registered wrong verifier (it resolves by name on every Ray worker), LOSSY on v8-far."""
@@ -139,21 +140,7 @@ class FakeRay:
 
 
 def _outcomes(checks: list[CheckResult]) -> list[tuple[object, ...]]:
-    return [
-        (
-            check.target,
-            check.check_id,
-            check.case_id,
-            check.position,
-            check.row,
-            check.n,
-            check.statistic,
-            check.p_value,
-            check.alpha,
-            check.verdict,
-        )
-        for check in checks
-    ]
+    return [check_outcome(check) for check in checks]
 
 
 def test_ray_shards_merged_equal_the_one_process_night_count_for_count_and_verdict_for_verdict(

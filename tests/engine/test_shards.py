@@ -28,8 +28,9 @@ from losslessness.engine import (
 from losslessness.engine.run import RunResult
 from losslessness.engine.suite import parse_junit
 from losslessness.engine.tables import count_records, merge_tables
-from losslessness.results import CheckResult, TargetVerdict, Verdict
+from losslessness.results import TargetVerdict, Verdict
 from tests import wrong_verifiers
+from tests.engine.outcomes import check_outcome
 
 # Small budget, a few cases (V = 2 and 8, a batch of three row types, disjoint supports, two
 # greedy cases) and small chunks: every chain case spans several chunks, so shards hold parts
@@ -71,21 +72,6 @@ def plan() -> RunPlan:
 @pytest.fixture(scope="module")
 def one_run(plan: RunPlan, tmp_path_factory: pytest.TempPathFactory) -> RunResult:
     return finish_run([run_shard(plan, ShardSpec(0, 1), tmp_path_factory.mktemp("one"))])
-
-
-def _outcome(check: CheckResult) -> tuple[object, ...]:
-    return (
-        check.target,
-        check.check_id,
-        check.case_id,
-        check.position,
-        check.row,
-        check.n,
-        check.statistic,
-        check.p_value,
-        check.alpha,
-        check.verdict,
-    )
 
 
 def test_shard_spec_parses_i_of_n_and_names_the_option_on_bad_specs() -> None:
@@ -145,8 +131,8 @@ def test_n_shards_merged_equal_one_run_count_for_count_and_verdict_for_verdict(
     assert merged.tables.keys() == one_run.tables.keys()
     for key, table in one_run.tables.items():
         assert merged.tables[key] == table, key
-    assert [_outcome(c) for t in merged.audit.targets for c in t.checks] == [
-        _outcome(c) for t in one_run.audit.targets for c in t.checks
+    assert [check_outcome(c) for t in merged.audit.targets for c in t.checks] == [
+        check_outcome(c) for t in one_run.audit.targets for c in t.checks
     ]
     verdicts = {target.name: target.verdict for target in merged.audit.targets}
     assert verdicts == {
