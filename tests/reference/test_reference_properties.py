@@ -297,7 +297,7 @@ def test_verify_greedy_equals_python_argmax_decoding_including_ties_and_masked_t
     """Exact: ``verify_greedy`` equals a per-row Python greedy loop token for token, with ties
     at the maximum going to the lowest index and ``-inf`` logits, in float64 and float32 (the
     cases' logits are exact in float32)."""
-    logits, ids = case
+    logits, ids = case.target_logits, case.draft_token_ids
     expected = [
         _greedy_decode(row_logits, row_ids)
         for row_logits, row_ids in zip(logits.tolist(), ids.tolist(), strict=True)

@@ -189,7 +189,7 @@ def test_chain_cases_are_valid_chain_inputs_with_rows_normalised_within_1e_12(
 ) -> None:
     """Chain cases have shapes ``[B, k+1, V]`` / ``[B, k, V]`` within the maxima, float64 rows
     summing to 1 within 1e-12, and pass the protocol's validation (drafts at q's argmax)."""
-    target, draft = case
+    target, draft = case.target_probs, case.draft_probs
     batch, k, vocab = case.batch_size, case.k, case.vocab_size
     assert 1 <= batch <= 3 and 0 <= k <= 4 and 1 <= vocab <= 64
     assert tuple(target.shape) == (batch, k + 1, vocab)
@@ -207,7 +207,7 @@ def test_greedy_cases_never_have_an_all_minus_inf_row_and_are_valid_greedy_input
 ) -> None:
     """Greedy cases: no NaN or +inf, never a whole row of -inf, int64 ids in ``[0, V)``, and
     the protocol's validation accepts them."""
-    logits, ids = case
+    logits, ids = case.target_logits, case.draft_token_ids
     assert logits.dtype == torch.float64 and ids.dtype == torch.int64
     assert not bool(torch.isnan(logits).any())
     assert not bool((logits == math.inf).any())
@@ -218,7 +218,7 @@ def test_greedy_cases_never_have_an_all_minus_inf_row_and_are_valid_greedy_input
 
 
 def _has_tied_non_lowest_draft(case: GreedyCase) -> bool:
-    logits, ids = case
+    logits, ids = case.target_logits, case.draft_token_ids
     for row, position in np.ndindex(*ids.shape):
         values = logits[row, position]
         maxima = torch.nonzero(values == values.max()).flatten().tolist()
@@ -237,7 +237,7 @@ def test_greedy_cases_can_accept_every_draft_up_to_the_bonus() -> None:
     """Drafts equal to the lowest argmax at every position occur with ``k >= 2``."""
 
     def all_lowest(case: GreedyCase) -> bool:
-        logits, ids = case
+        logits, ids = case.target_logits, case.draft_token_ids
         if case.k < 2:
             return False
         firsts = (logits == logits.max(dim=-1, keepdim=True).values).to(torch.int8).argmax(-1)
