@@ -31,6 +31,7 @@ from losslessness.checks.precision import decision_tolerance
 from losslessness.engine import device as device_unit
 from losslessness.engine.battery import default_chain_battery
 from losslessness.engine.device import (
+    GPU_ADAPTERS,
     accepts_uniforms,
     cast_case,
     check_coupling,
@@ -210,10 +211,12 @@ def test_run_device_checks_on_cpu_couples_float32_reference_and_lists_gpu_adapte
     assert len(coupling) == len(CASES)
     assert all(r.verdict is Verdict.PASS and r.target == "reference@cpu/float32" for r in coupling)
     assert all(r.details["diagnostic"] == "precision" for r in results if r.check_id == "precision")
-    assert {name for name, _ in unavailable} == {
+    assert {name for name, _ in unavailable} == set(GPU_ADAPTERS) == {
         "vllm",
+        "vllm-v2",
         "flashinfer",
         "sglang",
+        "sglang-tree",
         "transformers-cuda",
     }
     assert all(reason for _, reason in unavailable)
