@@ -8,8 +8,9 @@ ever see merged tables, and the chunk grid (not the shard count) decides every s
 
 Faults never stop a run: a target that raises or returns malformed output is an ERROR (LOSSY
 for malformed output) for that case's checks; a call that outlasts ``config.timeout_s`` is an
-ERROR, and every later unit of that target is skipped as ERROR without calling it again (a hung
-target would hang again); a unit whose optional package is missing is UNAVAILABLE.
+ERROR, and every later unit of that target (its property suite too) is skipped as ERROR without
+calling it again (a hung target would hang again); a unit whose optional package is missing is
+UNAVAILABLE.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from losslessness.engine.plan import (
     Unit,
     end_to_end_check_ids,
     plan_run,
+    resolve_targets,
 )
 from losslessness.engine.shards import (
     MergedShards,
@@ -103,8 +105,6 @@ def make_plan(config: RunConfig, greedy: bool = False) -> RunPlan:
     Raises:
         ValueError: unknown or repeated target names, or unknown case ids.
     """
-    from losslessness.engine.plan import resolve_targets
-
     adapters, unavailable = resolve_targets(config.targets, greedy=greedy)
     note = load_device_checks()[1] if config.device_checks else None
     return plan_run(config, [*adapters, *unavailable], note)
@@ -324,7 +324,7 @@ def run_shard(
         tracker.label = f"{unit.target} {unit.case_id}".strip()
         record = UnitRecord(unit.index, unit.key, unit.kind, unit.target, unit.case_id, unit.chunk)
         unit_began = time.perf_counter()
-        if unit.target in state.hung and unit.kind != "suite":
+        if unit.target in state.hung:
             record.failure_kind = "error"
             record.failure = (
                 f"skipped: the target hung on an earlier call ({state.hung[unit.target]})"
@@ -498,12 +498,17 @@ def finish_run(shards: Sequence[ShardResult]) -> RunResult:
     targets += _device_results(device_units, config)
     suite_junit = {}
     for name, unit in suite_units.items():
-        if unit.failure_kind == "unavailable":
+        if unit.failure_kind is not None:
+            verdict = (
+                TargetVerdict.UNAVAILABLE
+                if unit.failure_kind == "unavailable"
+                else TargetVerdict.ERROR
+            )
             targets.append(
                 TargetResult(
                     f"suite:{name}",
                     f"property suite on {name}",
-                    TargetVerdict.UNAVAILABLE,
+                    verdict,
                     error=unit.failure,
                     wall_time_s=unit.wall_time_s,
                 )

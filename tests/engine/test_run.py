@@ -92,6 +92,19 @@ def test_hung_target_is_an_error_and_the_rest_of_the_run_goes_on() -> None:
     assert result.exit_code == 3
 
 
+def test_hung_target_skips_its_property_suite_as_an_error(tmp_path: Path) -> None:
+    """A target that hung is not handed to its property-suite unit (the suite would hang on
+    it too): the suite is an ERROR saying why, never a silent LOSSLESS."""
+    hung = Adapter("sleeper", "sleeps 30 s per call", chain=_sleeping_verifier)
+    config = RunConfig(cases=("v2-tilted",), steps=2000, timeout_s=0.5, suite=True)
+    plan = plan_run(config, [hung])
+    result = finish_run([run_shard(plan, ShardSpec(0, 1), tmp_path)]).audit
+    suite = next(target for target in result.targets if target.name == "suite:sleeper")
+    assert suite.verdict is TargetVerdict.ERROR
+    assert str(suite.error).startswith("skipped: the target hung")
+    assert result.exit_code == 3
+
+
 def _no_bonus_verifier(
     target_probs: torch.Tensor,
     draft_probs: torch.Tensor,
