@@ -328,21 +328,27 @@ class TargetVerdict(str, enum.Enum):
     """Verdict on one target: LOSSLESS, LOSSY (any check LOSSY), SUBOPTIMAL (lossless but
     accepts fewer drafts than sum min(p, q)), ERROR (crashed, or a target the user named could
     not load; nothing LOSSY), UNAVAILABLE (a registered adapter or an optional unit whose
-    package or device is missing here: nothing was tested, and the run's outcome ignores it)."""
+    package or device is missing here: nothing was tested, and the run's outcome ignores it),
+    INCOMPLETE (the run was interrupted before the target's planned samples were drawn, and
+    nothing finished was LOSSY: no LOSSLESS verdict can be given)."""
 
     LOSSLESS = "LOSSLESS"
     LOSSY = "LOSSY"
     SUBOPTIMAL = "SUBOPTIMAL"
     ERROR = "ERROR"
     UNAVAILABLE = "UNAVAILABLE"
+    INCOMPLETE = "INCOMPLETE"
 
 
-def target_verdict(checks: Sequence[CheckResult]) -> TargetVerdict:
-    """A target's verdict from its checks: LOSSY if any check is LOSSY, else ERROR if any is
-    ERROR, else SUBOPTIMAL if any is SUBOPTIMAL, else LOSSLESS (also for no checks)."""
+def target_verdict(checks: Sequence[CheckResult], complete: bool = True) -> TargetVerdict:
+    """A target's verdict from its checks: LOSSY if any check is LOSSY (finished evidence holds
+    even in an interrupted run), else INCOMPLETE when ``complete`` is False, else ERROR if any
+    is ERROR, else SUBOPTIMAL if any is SUBOPTIMAL, else LOSSLESS (also for no checks)."""
     verdicts = {check.verdict for check in checks}
     if Verdict.LOSSY in verdicts:
         return TargetVerdict.LOSSY
+    if not complete:
+        return TargetVerdict.INCOMPLETE
     if Verdict.ERROR in verdicts:
         return TargetVerdict.ERROR
     if Verdict.SUBOPTIMAL in verdicts:
@@ -403,11 +409,16 @@ class AuditResult:
 
     @property
     def verdict(self) -> TargetVerdict:
-        """The run's overall verdict: LOSSY, else ERROR, else SUBOPTIMAL, else LOSSLESS over
-        the targets that ran; UNAVAILABLE only when every target was unavailable (LOSSLESS for
-        a run without targets)."""
+        """The run's overall verdict: LOSSY, else INCOMPLETE (an interrupted run), else ERROR,
+        else SUBOPTIMAL, else LOSSLESS over the targets that ran; UNAVAILABLE only when every
+        target was unavailable (LOSSLESS for a run without targets)."""
         verdicts = {target.verdict for target in self.targets}
-        for verdict in (TargetVerdict.LOSSY, TargetVerdict.ERROR, TargetVerdict.SUBOPTIMAL):
+        for verdict in (
+            TargetVerdict.LOSSY,
+            TargetVerdict.INCOMPLETE,
+            TargetVerdict.ERROR,
+            TargetVerdict.SUBOPTIMAL,
+        ):
             if verdict in verdicts:
                 return verdict
         if verdicts == {TargetVerdict.UNAVAILABLE}:
@@ -417,8 +428,9 @@ class AuditResult:
     @property
     def exit_code(self) -> int:
         """0 lossless (SUBOPTIMAL included), 1 any target LOSSY, 3 any target crashed or a named
-        target could not load."""
-        return {TargetVerdict.LOSSY: 1, TargetVerdict.ERROR: 3}.get(self.verdict, 0)
+        target could not load, 130 the run was interrupted (Ctrl-C) with nothing LOSSY."""
+        codes = {TargetVerdict.LOSSY: 1, TargetVerdict.ERROR: 3, TargetVerdict.INCOMPLETE: 130}
+        return codes.get(self.verdict, 0)
 
 
 def run_environment() -> dict[str, str]:

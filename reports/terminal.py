@@ -22,6 +22,7 @@ _STYLES = {
     TargetVerdict.SUBOPTIMAL: "bold yellow",
     TargetVerdict.ERROR: "bold magenta",
     TargetVerdict.UNAVAILABLE: "dim",
+    TargetVerdict.INCOMPLETE: "bold yellow",
 }
 
 

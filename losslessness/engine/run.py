@@ -69,6 +69,11 @@ from losslessness.results import (
     target_verdict,
 )
 
+INCOMPLETE = "incomplete"
+"""``UnitRecord.failure_kind`` of a unit the run did not finish (interrupted)."""
+
+INTERRUPTED_MESSAGE = "not run: the run was interrupted (Ctrl-C) before this unit finished"
+
 ProgressCallback = Callable[[int, int, str], None]
 """Called with (steps done, steps planned, label of the current unit)."""
 
@@ -320,19 +325,31 @@ def run_shard(
     tracker = _Tracker(progress, plan.planned_steps(mine))
     state = _ShardState(plan, tracker, Path(work_dir) if work_dir is not None else Path.cwd())
     records: dict[int, UnitRecord] = {}
+    interrupted = False
     for unit in mine:
         tracker.label = f"{unit.target} {unit.case_id}".strip()
         record = UnitRecord(unit.index, unit.key, unit.kind, unit.target, unit.case_id, unit.chunk)
         unit_began = time.perf_counter()
-        if unit.target in state.hung:
+        if interrupted:
+            record.failure_kind, record.failure = INCOMPLETE, INTERRUPTED_MESSAGE
+        elif unit.target in state.hung:
             record.failure_kind = "error"
             record.failure = (
                 f"skipped: the target hung on an earlier call ({state.hung[unit.target]})"
             )
-        elif unit.kind == "device":
-            _run_device_unit(state, record)
         else:
-            _UNIT_RUNNERS[unit.kind](state, unit, record)
+            try:
+                if unit.kind == "device":
+                    _run_device_unit(state, record)
+                else:
+                    _UNIT_RUNNERS[unit.kind](state, unit, record)
+            except KeyboardInterrupt:
+                # Ctrl-C: keep what finished, record this unit and the rest as not run.
+                interrupted = True
+                record = UnitRecord(
+                    unit.index, unit.key, unit.kind, unit.target, unit.case_id, unit.chunk
+                )
+                record.failure_kind, record.failure = INCOMPLETE, INTERRUPTED_MESSAGE
         record.wall_time_s = time.perf_counter() - unit_began
         records[unit.index] = record
     tracker.label = "done"
@@ -422,7 +439,10 @@ def _chain_checks(
         plan, target, case.case_id, case.summary, case.case_hash, grid.seed, case.n_rows
     )
     context = dataclasses.replace(context, sampling_time_s=sum(u.wall_time_s for u in units))
-    failures = sorted((unit for unit in units if unit.failure_kind), key=lambda unit: unit.index)
+    failures = sorted(
+        (unit for unit in units if unit.failure_kind not in (None, INCOMPLETE)),
+        key=lambda unit: unit.index,
+    )
     protocol = [unit for unit in failures if unit.failure_kind == "protocol"]
     if protocol:
         return [malformed_output_result(context, protocol[0].failure)]
@@ -430,6 +450,12 @@ def _chain_checks(
     if failures:
         message = str(failures[0].failure)
         return [context.untested(check_id, Verdict.ERROR, message) for check_id in selected]
+    if (target, case.case_id) not in merged.tables:
+        # Interrupted before any chunk of the case finished.
+        return [
+            context.untested(check_id, Verdict.SKIPPED, INTERRUPTED_MESSAGE)
+            for check_id in selected
+        ]
     samples = expand_table(
         merged.tables[(target, case.case_id)], case, grid.seed, grid.steps_per_call
     )
@@ -482,13 +508,15 @@ def finish_run(shards: Sequence[ShardResult]) -> RunResult:
     targets: list[TargetResult] = []
     for name, description, verification in plan.targets:
         result = TargetResult(name, description, TargetVerdict.LOSSLESS)
+        complete = True
         for (kind, case_id), units in by_target.get(name, {}).items():
+            complete &= all(unit.failure_kind != INCOMPLETE for unit in units)
             if kind == "chain":
                 result.checks += _chain_checks(merged, name, cases[case_id], units, verification)
             else:
                 result.checks += [check for unit in units for check in unit.checks]
             _add_totals(result, units)
-        result.verdict = target_verdict(result.checks)
+        result.verdict = target_verdict(result.checks, complete)
         targets.append(result)
     # A target the user named must load (ERROR); registered adapters whose package or device
     # is missing on this machine are listed but decide nothing.
@@ -499,11 +527,10 @@ def finish_run(shards: Sequence[ShardResult]) -> RunResult:
     suite_junit = {}
     for name, unit in suite_units.items():
         if unit.failure_kind is not None:
-            verdict = (
-                TargetVerdict.UNAVAILABLE
-                if unit.failure_kind == "unavailable"
-                else TargetVerdict.ERROR
-            )
+            verdict = {
+                "unavailable": TargetVerdict.UNAVAILABLE,
+                INCOMPLETE: TargetVerdict.INCOMPLETE,
+            }.get(unit.failure_kind, TargetVerdict.ERROR)
             targets.append(
                 TargetResult(
                     f"suite:{name}",
@@ -563,7 +590,9 @@ def _device_results(units: Sequence[UnitRecord], config: RunConfig) -> list[Targ
                 TargetResult(
                     f"device-checks@{config.device}",
                     "coupling and precision checks",
-                    TargetVerdict.ERROR,
+                    TargetVerdict.INCOMPLETE
+                    if unit.failure_kind == INCOMPLETE
+                    else TargetVerdict.ERROR,
                     error=unit.failure,
                 )
             )

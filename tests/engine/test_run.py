@@ -188,6 +188,76 @@ def test_suite_unit_without_pytest_is_unavailable_with_the_install_command(
     assert result.exit_code == 0
 
 
+class _InterruptedAfter:
+    """The reference, until its ``calls``-th call, which raises KeyboardInterrupt (Ctrl-C)."""
+
+    def __init__(self, calls: int) -> None:
+        self.calls = calls
+
+    def __call__(
+        self,
+        target_probs: torch.Tensor,
+        draft_probs: torch.Tensor,
+        draft_token_ids: torch.Tensor,
+        generator: torch.Generator,
+    ) -> torch.Tensor:
+        self.calls -= 1
+        if self.calls == 0:
+            raise KeyboardInterrupt
+        return verify(target_probs, draft_probs, draft_token_ids, generator)
+
+
+def test_interrupted_audit_keeps_finished_results_and_is_never_lossless(tmp_path: Path) -> None:
+    """Ctrl-C during an audit: the cases finished before it keep their results, the case it
+    hit and the cases after it are not run, and the target is INCOMPLETE (exit 130), never
+    LOSSLESS; a LOSSY verdict from finished evidence stands (exit 1). The CLI still writes the
+    JSON record and the table."""
+    cases = ("v2-tilted", "v8-far", "v16-near-k4")
+    config = RunConfig(cases=cases, steps=2000)
+    clean = Adapter("interrupted", "reference, Ctrl-C on call 2", chain=_InterruptedAfter(2))
+    result = run_audit([clean], config)
+    (target,) = result.targets
+    assert target.verdict is TargetVerdict.INCOMPLETE and result.exit_code == 130
+    finished = {c.case_id for c in target.checks if c.verdict is Verdict.PASS}
+    skipped = {c.case_id for c in target.checks if c.verdict is Verdict.SKIPPED}
+    assert finished == {"v2-tilted"} and skipped == {"v8-far", "v16-near-k4"}
+    assert all("interrupted" in c.message for c in target.checks if c.case_id != "v2-tilted")
+    lossy = Adapter("lossy", "residual p, Ctrl-C on call 2", chain=_LossyInterruptedAfter(2))
+    assert run_audit([lossy], config).targets[0].verdict is TargetVerdict.LOSSY
+    global CTRL_C_TARGET
+    CTRL_C_TARGET = _InterruptedAfter(2)
+    out = tmp_path / "interrupted.json"
+    options = [f"--case={case}" for case in cases] + ["--steps", "2000", "--no-progress"]
+    cli = CliRunner().invoke(
+        main, ["audit", "tests.engine.test_run:CTRL_C_TARGET", *options, "--json", str(out)]
+    )
+    assert cli.exit_code == 130, cli.output
+    assert "INCOMPLETE" in cli.output and "v2-tilted" in cli.output
+    assert json.loads(out.read_text())["targets"][0]["verdict"] == "INCOMPLETE"
+
+
+CTRL_C_TARGET: _InterruptedAfter | None = None
+"""A target the CLI test resolves by name (``tests.engine.test_run:CTRL_C_TARGET``)."""
+
+
+class _LossyInterruptedAfter(_InterruptedAfter):
+    """``residual_is_target`` until its ``calls``-th call, which raises KeyboardInterrupt."""
+
+    def __call__(
+        self,
+        target_probs: torch.Tensor,
+        draft_probs: torch.Tensor,
+        draft_token_ids: torch.Tensor,
+        generator: torch.Generator,
+    ) -> torch.Tensor:
+        from tests.wrong_verifiers import residual_is_target
+
+        self.calls -= 1
+        if self.calls == 0:
+            raise KeyboardInterrupt
+        return residual_is_target(target_probs, draft_probs, draft_token_ids, generator)
+
+
 @pytest.mark.parametrize("chunk_steps", [None, 1000])
 def test_replay_line_of_a_lossy_check_reproduces_its_p_value(
     chunk_steps: int | None, tmp_path: Path
