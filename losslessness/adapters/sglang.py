@@ -31,8 +31,10 @@ of ``relu(p - q)`` (or p_k after k acceptances): the first token whose cumulativ
 ``u * total``. That is the protocol's ``uniforms=`` convention exactly, so decisions *and* the
 final token are coupled with the CPU reference (float32 rounding aside). ``target_probs``
 ``[B, k+1, V]`` and ``draft_probs`` ``[B, k, V]`` float32; ``threshold_single =
-threshold_acc = 1``. Output: ``accept_index[b, 0..m]`` the accepted slots (m =
-``accept_token_num[b]``) and ``predicts`` at them the emitted tokens.
+threshold_acc = 1`` (SGLang 0.5.23's Triton wrapper takes both but never passes them to the
+kernel, so relaxed thresholds change nothing on this path; the CUDA tree sampler reads them).
+Output: ``accept_index[b, 0..m]`` the accepted slots (m = ``accept_token_num[b]``) and
+``predicts`` at them the emitted tokens.
 
 **Greedy** (``verify_tree_greedy_kernel_triton``): ``target_predict [B, N]`` is the target's
 argmax at every slot, computed by the adapter with ``torch.argmax`` (as SGLang's worker does,

@@ -20,7 +20,7 @@ from losslessness.engine import run_audit
 from losslessness.results import AuditResult, TargetVerdict, Verdict
 from reports import audit_from_dict, audit_to_dict, compute_trends, render_markdown
 from reports.html import render_html
-from reports.trends import engine_version_changes
+from reports.trends import BASE_ENVIRONMENT, engine_version_changes
 
 ENGINES_BEFORE = {"vllm": "0.32.0", "sglang": "0.5.23"}
 ENGINES_NOW = {"vllm": "0.33.0", "sglang": "0.5.23"}
@@ -37,7 +37,9 @@ def night() -> AuditResult:
 
 def _night(run: AuditResult, started_at: str, engines: dict[str, str]) -> AuditResult:
     copy = audit_from_dict(audit_to_dict(run))
-    environment = {**copy.environment, **engines}
+    # Only the given engines: the real run may have recorded others that other tests imported.
+    base = {key: value for key, value in copy.environment.items() if key in BASE_ENVIRONMENT}
+    environment = {**base, **engines}
     return dataclasses.replace(copy, started_at=started_at, environment=environment)
 
 
