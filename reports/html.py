@@ -76,11 +76,16 @@ class _TrendRow:
     ratio: str
 
 
+def _flag_order(trend: CheckTrend) -> tuple[bool, bool, bool]:
+    """Sort key: new failures, then verdicts changed with a version, then power drops."""
+    return (not trend.new_failure, not trend.verdict_changed_with_version, not trend.power_drop)
+
+
 def _trend_view(trends: Trends) -> dict[str, Any]:
     runs = trends.runs[-HISTORY_COLUMNS:]
     first_run = len(trends.runs) - len(runs)
     rows = []
-    for trend in sorted(trends.checks, key=lambda t: (not t.new_failure, not t.power_drop)):
+    for trend in sorted(trends.checks, key=_flag_order):
         by_run = {point.run: point for point in trend.points}
         cells: list[dict[str, str] | None] = []
         for run in range(first_run, len(trends.runs)):
@@ -104,6 +109,7 @@ def _trend_view(trends: Trends) -> dict[str, Any]:
         "flagged": [row for row in rows if row.trend.flagged],
         "new_failures": len(trends.new_failures),
         "power_drops": len(trends.power_drops),
+        "version_changes": len(trends.version_changes),
     }
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import html
 
 from losslessness.results import AuditResult, CheckKind, CheckResult, Verdict
-from reports.trends import CheckTrend, Trends
+from reports.trends import BASE_ENVIRONMENT, CheckTrend, Trends
 
 STEP_SUMMARY_LIMIT = 1024 * 1024
 """GitHub's step-summary limit in bytes; the summary never exceeds it."""
@@ -65,7 +65,7 @@ def _underpowered(result: AuditResult) -> str:
 def _trend_rows(trends: Trends) -> list[str]:
     flagged: list[CheckTrend] = sorted(
         (trend for trend in trends.checks if trend.flagged),
-        key=lambda trend: not trend.new_failure,
+        key=lambda trend: (not trend.new_failure, not trend.verdict_changed_with_version),
     )
     lines = [
         "",
@@ -73,7 +73,8 @@ def _trend_rows(trends: Trends) -> list[str]:
         "",
         f"{len(trends.runs)} runs compared ({_cell(trends.runs[0])} to {_cell(trends.runs[-1])}): "
         f"{len(trends.new_failures)} new failures, {len(trends.power_drops)} power drops "
-        f"(minimum detectable TV up by more than x{trends.power_drop_factor:g}).",
+        f"(minimum detectable TV up by more than x{trends.power_drop_factor:g}), "
+        f"{len(trends.version_changes)} verdicts changed with an engine version.",
     ]
     if flagged:
         lines += [
@@ -82,14 +83,7 @@ def _trend_rows(trends: Trends) -> list[str]:
             "|---|---|---|---|---|---|",
         ]
         for trend in flagged[:MAX_ROWS]:
-            flags = " + ".join(
-                name
-                for name, raised in (
-                    ("new failure", trend.new_failure),
-                    ("power drop", trend.power_drop),
-                )
-                if raised
-            )
+            flags = _cell(" + ".join(trend.flags))
             verdicts = " ".join(point.verdict.value for point in trend.points[-8:])
             before = trend.points[-2].min_detectable_tv if len(trend.points) > 1 else None
             now = trend.points[-1].min_detectable_tv
@@ -102,6 +96,16 @@ def _trend_rows(trends: Trends) -> list[str]:
     for source, reason in trends.skipped_sources[:MAX_ROWS]:
         lines.append(f"- skipped history file {_cell(source)}: {_cell(reason)}")
     return lines
+
+
+def _engines(result: AuditResult) -> str:
+    """``"; engines: sglang 0.5.23, vllm 0.33.0"`` from the run's environment, or ``""``."""
+    engines = sorted(set(result.environment) - BASE_ENVIRONMENT)
+    if not engines:
+        return ""
+    return "; engines: " + ", ".join(
+        f"{_cell(name)} {_cell(result.environment[name])}" for name in engines
+    )
 
 
 def render_markdown(result: AuditResult, trends: Trends | None = None) -> str:
@@ -120,7 +124,7 @@ def render_markdown(result: AuditResult, trends: Trends | None = None) -> str:
         "",
         f"Seed {config.seed}, started {_cell(result.started_at)}, wall time "
         f"{result.wall_time_s:.1f} s, losslessness "
-        f"{_cell(result.environment.get('losslessness', '?'))}.",
+        f"{_cell(result.environment.get('losslessness', '?'))}{_engines(result)}.",
         "",
         f"**Budget**: family-wise false-alarm rate {config.family_wise_alpha:g} split "
         f"Bonferroni over {result.n_assertions} statistical assertions, alpha "

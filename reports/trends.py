@@ -1,16 +1,22 @@
-"""Trends over nightly runs: each check's history, new failures and power drops.
+"""Trends over nightly runs: each check's history, new failures, power drops and verdicts that
+changed with an engine version.
 
 A check is identified across runs by :data:`CheckKey` (target, check id, case id, position,
 row); case ids name fixed battery cases, so the same key means the same assertion on the same
 exact tensors (the case hash is kept in every record for a stricter comparison by eye).
 
-Two flags, both against the most recent earlier run that has the key:
+Three flags, all against the most recent earlier run that has the key:
 
 - **new failure**: the check fails now (LOSSY or ERROR) and did not fail last time;
 - **power drop**: the check's minimum detectable TV grew by more than ``power_drop_factor``
   (default :data:`POWER_DROP_FACTOR`), or became infinite: at the same design the run now
   misses violations it used to catch (fewer samples reached the position, a lowered step cap,
-  a smaller budget). Crashed and skipped checks have no power to compare and are not flagged.
+  a smaller budget). Crashed and skipped checks have no power to compare and are not flagged;
+- **verdict changed with a version**: the check's verdict differs from that run's and an engine
+  version in the runs' ``environment`` (every entry but :data:`BASE_ENVIRONMENT`: vllm,
+  sglang, flashinfer, transformers, ... as :func:`losslessness.results.run_environment`
+  records them) differs too; the flag names the versions (``vllm 0.32.0 -> 0.33.0``), so a
+  verdict that moved with an engine upgrade is told apart from one that moved on its own.
 """
 
 from __future__ import annotations
@@ -30,6 +36,12 @@ POWER_DROP_FACTOR = 1.25
 
 FAILING = frozenset({Verdict.LOSSY, Verdict.ERROR})
 """Verdicts that count as a failure for the new-failure flag (SUBOPTIMAL is a warning)."""
+
+BASE_ENVIRONMENT = frozenset({"losslessness", "python", "torch", "numpy", "scipy", "platform"})
+"""Entries of a run's ``environment`` that are not engines (every other entry is one)."""
+
+ABSENT = "absent"
+"""How :func:`engine_version_changes` names an engine a run did not record."""
 
 CheckKey = tuple[str, str, str, int | None, int | None]
 """(target, check_id, case_id, position, row): one assertion across runs."""
@@ -68,6 +80,8 @@ class CheckTrend:
         new_failure: failing now, not failing in the previous run that had the check.
         power_drop: minimum detectable TV grew by more than the factor since that run.
         tv_ratio: current / previous minimum detectable TV, or None when not comparable.
+        version_change: when the verdict changed since that run, the engine versions that
+            changed too (``("vllm 0.32.0 -> 0.33.0",)``); empty otherwise.
     """
 
     key: CheckKey
@@ -76,11 +90,29 @@ class CheckTrend:
     new_failure: bool
     power_drop: bool
     tv_ratio: float | None
+    version_change: tuple[str, ...] = ()
+
+    @property
+    def verdict_changed_with_version(self) -> bool:
+        """Whether the verdict changed since the previous run while an engine version did."""
+        return bool(self.version_change)
+
+    @property
+    def flags(self) -> list[str]:
+        """The raised flags as text (``"verdict changed with vllm 0.32.0 -> 0.33.0"``)."""
+        names = []
+        if self.new_failure:
+            names.append("new failure")
+        if self.power_drop:
+            names.append("power drop")
+        if self.version_change:
+            names.append("verdict changed with " + ", ".join(self.version_change))
+        return names
 
     @property
     def flagged(self) -> bool:
-        """Whether either flag is raised."""
-        return self.new_failure or self.power_drop
+        """Whether any flag is raised."""
+        return self.new_failure or self.power_drop or self.verdict_changed_with_version
 
 
 @dataclass(frozen=True)
@@ -109,6 +141,31 @@ class Trends:
         """Checks flagged with a power drop."""
         return [trend for trend in self.checks if trend.power_drop]
 
+    @property
+    def version_changes(self) -> list[CheckTrend]:
+        """Checks whose verdict changed while an engine version changed."""
+        return [trend for trend in self.checks if trend.verdict_changed_with_version]
+
+
+def engine_version_changes(before: dict[str, str], now: dict[str, str]) -> tuple[str, ...]:
+    """The engine versions that differ between two runs' ``environment`` records.
+
+    Args:
+        before: the earlier run's :attr:`AuditResult.environment`.
+        now: the later run's.
+
+    Returns:
+        ``"name old -> new"`` per engine (every key outside :data:`BASE_ENVIRONMENT`) whose
+        version differs, sorted by name; a side that did not record it reads
+        :data:`ABSENT`. Empty when no engine version changed.
+    """
+    engines = sorted((set(before) | set(now)) - BASE_ENVIRONMENT)
+    return tuple(
+        f"{name} {before.get(name, ABSENT)} -> {now.get(name, ABSENT)}"
+        for name in engines
+        if before.get(name) != now.get(name)
+    )
+
 
 def _power_dropped(
     previous: TrendPoint, current: TrendPoint, factor: float
@@ -131,7 +188,7 @@ def compute_trends(
     power_drop_factor: float = POWER_DROP_FACTOR,
     skipped_sources: Sequence[tuple[str, str]] = (),
 ) -> Trends:
-    """Each check's history over ``history`` then ``current``, with the two flags.
+    """Each check's history over ``history`` then ``current``, with the three flags.
 
     Args:
         current: this run.
@@ -169,12 +226,25 @@ def compute_trends(
             now = TrendPoint(len(earlier), check.verdict, check.p_value, check.min_detectable_tv)
             before = past.get(key, [])
             new_failure, power_drop, ratio = False, False, None
+            version_change: tuple[str, ...] = ()
             if before:
                 previous = before[-1]
                 new_failure = now.verdict in FAILING and previous.verdict not in FAILING
                 power_drop, ratio = _power_dropped(previous, now, power_drop_factor)
+                if now.verdict is not previous.verdict:
+                    version_change = engine_version_changes(
+                        earlier[previous.run].environment, current.environment
+                    )
             trends.append(
-                CheckTrend(key, check.where, (*before, now), new_failure, power_drop, ratio)
+                CheckTrend(
+                    key,
+                    check.where,
+                    (*before, now),
+                    new_failure,
+                    power_drop,
+                    ratio,
+                    version_change,
+                )
             )
     return Trends(
         runs=tuple(run.started_at for run in runs),

@@ -13,9 +13,12 @@ Targets:
   Triton's interpreter on CPU tensors (the adapter sets ``TRITON_INTERPRET=1`` before the
   import).
 - ``sglang-block``: the same chain kernel with ``block_verification=True`` (Sun et al. 2024,
-  "Block verification accelerates speculative decoding", Alg. 2): lossless, but it accepts
-  more than ``sum min(p, q)`` at positions >= 1, which the acceptance check of this version
-  wrongly reports as LOSSY (a known false alarm, being fixed in the check).
+  "Block verification accelerates speculative decoding", Alg. 2): lossless, and it accepts
+  more than ``sum min(p, q)`` at positions >= 1. Its chain callable declares block
+  verification (``losslessness_verification = "block"``,
+  :func:`losslessness.reference.block.declared_verification`), so the acceptance check holds it
+  to the prefix bound every lossless verifier obeys (LOSSY above it) and to block
+  verification's own exact acceptance (SUBOPTIMAL below it).
 - ``sglang-tree``: the CUDA tree sampler ``tree_speculative_sampling_target_only`` (sgl-kernel,
   or ``sglang.kernels.ops.speculative.sampling`` in SGLang 0.5.x), GPU only (below).
 
@@ -28,8 +31,10 @@ of ``relu(p - q)`` (or p_k after k acceptances): the first token whose cumulativ
 ``u * total``. That is the protocol's ``uniforms=`` convention exactly, so decisions *and* the
 final token are coupled with the CPU reference (float32 rounding aside). ``target_probs``
 ``[B, k+1, V]`` and ``draft_probs`` ``[B, k, V]`` float32; ``threshold_single =
-threshold_acc = 1``. Output: ``accept_index[b, 0..m]`` the accepted slots (m =
-``accept_token_num[b]``) and ``predicts`` at them the emitted tokens.
+threshold_acc = 1`` (SGLang 0.5.23's Triton wrapper takes both but never passes them to the
+kernel, so relaxed thresholds change nothing on this path; the CUDA tree sampler reads them).
+Output: ``accept_index[b, 0..m]`` the accepted slots (m = ``accept_token_num[b]``) and
+``predicts`` at them the emitted tokens.
 
 **Greedy** (``verify_tree_greedy_kernel_triton``): ``target_predict [B, N]`` is the target's
 argmax at every slot, computed by the adapter with ``torch.argmax`` (as SGLang's worker does,
@@ -75,6 +80,7 @@ from losslessness.protocol import (
     validate_greedy_inputs,
 )
 from losslessness.reference import ChainUniforms
+from losslessness.reference.block import BLOCK_VERIFICATION
 
 SGLANG = EngineSpec(
     "sglang",
@@ -310,6 +316,11 @@ class SglangBlockSampler:
         device: where the tensors live.
     """
 
+    losslessness_verification = BLOCK_VERIFICATION
+    """Declares block verification (:func:`losslessness.reference.block.declared_verification`):
+    the acceptance check's SUBOPTIMAL threshold at positions >= 1 is then block verification's
+    own exact acceptance, and its LOSSY bound the prefix bound of every lossless verifier."""
+
     def __init__(self, function: Callable[..., Any], device: torch.device) -> None:
         self.chain = SglangChainSampler(function, device, block_verification=True)
 
@@ -401,8 +412,9 @@ def _triton_adapter(name: str, block_verification: bool) -> Adapter:
         what += " and verify_tree_greedy_triton (chain-shaped tree, argmax by torch.argmax)"
     else:
         what += (
-            " with block_verification=True (lossless; accepts more than sum min(p, q) at "
-            "positions >= 1, which this acceptance check wrongly calls LOSSY)"
+            " with block_verification=True (Sun et al. 2024; declared as block verification: "
+            "held to the prefix bound of every lossless verifier and to block verification's "
+            "own acceptance)"
         )
     return Adapter(
         name=name,

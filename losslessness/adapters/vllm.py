@@ -57,8 +57,9 @@ protocol's generator and the laws are tested statistically. Layout: ``k+1`` logi
 request, ``draft_sampled[start + 1 + i] = d_i`` (row ``start`` holds the previous token, never
 read as a draft), ``pos`` the sequence positions ``1000 + i``, ``draft_logits`` ``log q``
 ``[B, k, V]``. Options: ``use_block_verification`` (Sun et al. 2024, lossless but accepts more
-after position 0), ``synthetic_conditional_rates``, ``use_fp64``, FLy; the watermarking
-arguments stay off.
+after position 0; the sampler then declares block verification, ``losslessness_verification =
+"block"``, so the acceptance check holds it to block verification's own acceptance),
+``synthetic_conditional_rates``, ``use_fp64``, FLy; the watermarking arguments stay off.
 """
 
 from __future__ import annotations
@@ -92,6 +93,7 @@ from losslessness.protocol import (
     validate_greedy_inputs,
 )
 from losslessness.reference import ChainUniforms
+from losslessness.reference.block import BLOCK_VERIFICATION, TOKEN_VERIFICATION
 
 VLLM = EngineSpec(
     "vllm",
@@ -408,6 +410,12 @@ class VllmV2Sampler:
         self.convert = convert
         self.options = options
         self.device = device
+        self.losslessness_verification = (
+            BLOCK_VERIFICATION if options.block else TOKEN_VERIFICATION
+        )
+        """How this sampler declares it verifies
+        (:func:`losslessness.reference.block.declared_verification`): ``"block"`` with
+        ``use_block_verification``, else ``"token"``."""
 
     def _run(
         self,

@@ -1,6 +1,9 @@
-"""``losslessness list``: registered adapters, checks, the battery's cases and the mutant zoo."""
+"""``losslessness list``: registered adapters (with the installed version of the engine each
+wraps), checks, the battery's cases and the mutant zoo."""
 
 from __future__ import annotations
+
+from importlib import metadata
 
 import click
 from rich.console import Console
@@ -10,18 +13,60 @@ from losslessness.adapters import registered_adapters
 from losslessness.checks import ALL_CHECK_IDS
 from losslessness.engine.battery import default_chain_battery, default_greedy_battery
 
+ENGINE_DISTRIBUTIONS = {
+    "losslessness.adapters.vllm": "vllm",
+    "losslessness.adapters.sglang": "sglang",
+    "losslessness.adapters.flashinfer": "flashinfer-python",
+    "losslessness.adapters.transformers": "transformers",
+    "losslessness.adapters.transformers_generate": "transformers",
+    "losslessness.adapters.transformers_cuda": "transformers",
+}
+"""The PyPI distribution of the engine each built-in adapter module wraps (flashinfer's import
+name is ``flashinfer``, its distribution ``flashinfer-python``)."""
+
+NOT_INSTALLED = "not installed"
+"""What :func:`engine_version` says for an engine whose distribution is missing."""
+
+
+def engine_distribution(entry_point_value: str) -> str | None:
+    """The engine distribution an adapter entry point wraps, or None (reference, toy, mutants,
+    third-party adapters).
+
+    Args:
+        entry_point_value: the entry point's ``module:attribute`` (``"losslessness.adapters.
+            vllm:adapter"``).
+    """
+    module = entry_point_value.partition(":")[0].strip()
+    return ENGINE_DISTRIBUTIONS.get(module)
+
+
+def engine_version(distribution: str) -> str:
+    """``"vllm 0.33.0"`` or ``"vllm not installed"``: the installed version from the package
+    metadata (:func:`importlib.metadata.version`), without importing the engine (vLLM's import
+    alone takes seconds)."""
+    try:
+        return f"{distribution} {metadata.version(distribution)}"
+    except metadata.PackageNotFoundError:
+        return f"{distribution} {NOT_INSTALLED}"
+
 
 @click.command(name="list")
 def list_command() -> None:
-    """List registered adapters, checks, the battery's cases and the mutant zoo."""
+    """List registered adapters (and the installed version of each engine they wrap), checks,
+    the battery's cases and the mutant zoo."""
     console = Console()
     adapters = Table(
         title="adapters (entry-point group losslessness.adapters)", title_justify="left"
     )
     adapters.add_column("name")
     adapters.add_column("entry point")
+    adapters.add_column("engine installed")
+    versions: dict[str, str] = {}
     for name, point in sorted(registered_adapters().items()):
-        adapters.add_row(name, point.value)
+        distribution = engine_distribution(point.value)
+        if distribution is not None and distribution not in versions:
+            versions[distribution] = engine_version(distribution)
+        adapters.add_row(name, point.value, "-" if distribution is None else versions[distribution])
     console.print(adapters)
     console.print("checks: " + ", ".join(ALL_CHECK_IDS))
     cases = Table(title="battery cases", title_justify="left")

@@ -19,6 +19,11 @@ import torch
 from losslessness.adapters import AdapterUnavailable, engines
 from losslessness.adapters.engines import EngineSpec
 from losslessness.reference import ChainUniforms, verify, verify_greedy
+from losslessness.reference.block import (
+    BLOCK_VERIFICATION,
+    TOKEN_VERIFICATION,
+    declared_verification,
+)
 
 
 def _installed(name: str) -> bool:
@@ -84,6 +89,32 @@ def test_changed_api_is_unavailable_naming_added_and_removed_parameters() -> Non
     assert "added target_logits, new_option" in message
     assert "removed target_probs" in message
     assert SPEC.install in message
+
+
+def _never_called(*args: object, **kwargs: object) -> None:
+    raise AssertionError("the kernel is not called when only the declaration is read")
+
+
+def test_block_verification_targets_declare_it_and_the_others_do_not() -> None:
+    """sglang-block's chain callable and vllm-v2-block's sampler declare block verification
+    (so the acceptance check holds them to block verification's acceptance, not to token
+    verification's); SGLang's plain chain sampler and vLLM v2 without the option declare token
+    verification. Read without the engines installed (the wrappers import no engine)."""
+    from losslessness.adapters.sglang import SglangBlockSampler, SglangChainSampler
+    from losslessness.adapters.vllm import SamplerOptions, VllmV2Sampler
+
+    cpu = torch.device("cpu")
+    assert declared_verification(SglangBlockSampler(_never_called, cpu)) == BLOCK_VERIFICATION
+    plain = SglangChainSampler(_never_called, cpu, block_verification=False)
+    assert declared_verification(plain) == TOKEN_VERIFICATION
+
+    def convert(rates: list[float]) -> list[float]:
+        return rates
+
+    block = VllmV2Sampler(_never_called, convert, SamplerOptions(block=True), cpu)
+    assert declared_verification(block) == BLOCK_VERIFICATION
+    default = VllmV2Sampler(_never_called, convert, SamplerOptions(), cpu)
+    assert declared_verification(default) == TOKEN_VERIFICATION
 
 
 def _case(batch: int, k: int, vocab: int, seed: int) -> tuple[torch.Tensor, ...]:
@@ -154,6 +185,18 @@ def test_vllm_greedy_equals_reference_greedy(name: str) -> None:
     drafts = logits[:, :3].argmax(-1)
     drafts[::2, 2] = (drafts[::2, 2] + 1) % 10
     assert torch.equal(loaded.greedy(logits, drafts), verify_greedy(logits, drafts))
+
+
+@needs_sglang
+def test_sglang_block_target_is_loaded_declaring_block_verification() -> None:
+    """The registered sglang-block target, loaded with the real kernel, declares block
+    verification and says so in its description (no 'false LOSSY' caveat left)."""
+    from losslessness.adapters import resolve_adapter
+
+    loaded = resolve_adapter("sglang-block")
+    assert declared_verification(loaded.chain) == BLOCK_VERIFICATION
+    assert "block_verification=True" in loaded.description
+    assert "wrongly" not in loaded.description
 
 
 @needs_vllm
