@@ -56,11 +56,11 @@ def _bare_calls_s(adapter: Adapter, config: AuditConfig) -> tuple[float, float, 
     Returns:
         (wall seconds inside the calls, CPU seconds of this process inside them, calls).
     """
-    plan = plan_run([adapter], config)
+    plan = plan_run(config, [adapter])
     generator = torch.Generator().manual_seed(SEED)
     spent, cpu, calls = 0.0, 0.0, 0
     for case in plan.chain_cases if adapter.chain is not None else []:
-        steps = plan.case_plans[case.case_id].n_steps
+        steps = plan.record.chain_cases[case.case_id].n_steps
         chunk = rows_per_call(case)
         target = case.target_probs.repeat(min(chunk, steps), 1, 1)
         draft = case.draft_probs.repeat(min(chunk, steps), 1, 1)
