@@ -23,8 +23,10 @@ from losslessness.design import RunConfig
 from losslessness.engine import ShardSpec, finish_run, plan_run, run_audit, run_shard
 from losslessness.engine.battery import default_chain_battery
 from losslessness.engine.draw import rows_per_call
+from losslessness.protocol import ChainVerifier
 from losslessness.reference import verify
 from losslessness.results import CheckKind, TargetVerdict, Verdict
+from tests.wrong_verifiers import residual_is_target
 
 # p-values of ``losslessness audit reference --case C --steps 7001`` (seed 0) computed with
 # the audit as it was before the run engine (commit b1db442): the engine must reproduce them
@@ -189,10 +191,12 @@ def test_suite_unit_without_pytest_is_unavailable_with_the_install_command(
 
 
 class _InterruptedAfter:
-    """The reference, until its ``calls``-th call, which raises KeyboardInterrupt (Ctrl-C)."""
+    """A chain verifier (the reference by default) until its ``calls``-th call, which raises
+    KeyboardInterrupt (Ctrl-C)."""
 
-    def __init__(self, calls: int) -> None:
+    def __init__(self, calls: int, verifier: ChainVerifier = verify) -> None:
         self.calls = calls
+        self.verifier = verifier
 
     def __call__(
         self,
@@ -204,7 +208,7 @@ class _InterruptedAfter:
         self.calls -= 1
         if self.calls == 0:
             raise KeyboardInterrupt
-        return verify(target_probs, draft_probs, draft_token_ids, generator)
+        return self.verifier(target_probs, draft_probs, draft_token_ids, generator)
 
 
 def test_interrupted_audit_keeps_finished_results_and_is_never_lossless(tmp_path: Path) -> None:
@@ -222,7 +226,8 @@ def test_interrupted_audit_keeps_finished_results_and_is_never_lossless(tmp_path
     skipped = {c.case_id for c in target.checks if c.verdict is Verdict.SKIPPED}
     assert finished == {"v2-tilted"} and skipped == {"v8-far", "v16-near-k4"}
     assert all("interrupted" in c.message for c in target.checks if c.case_id != "v2-tilted")
-    lossy = Adapter("lossy", "residual p, Ctrl-C on call 2", chain=_LossyInterruptedAfter(2))
+    wrong = _InterruptedAfter(2, residual_is_target)
+    lossy = Adapter("lossy", "residual p, Ctrl-C on call 2", chain=wrong)
     assert run_audit([lossy], config).targets[0].verdict is TargetVerdict.LOSSY
     global CTRL_C_TARGET
     CTRL_C_TARGET = _InterruptedAfter(2)
@@ -238,24 +243,6 @@ def test_interrupted_audit_keeps_finished_results_and_is_never_lossless(tmp_path
 
 CTRL_C_TARGET: _InterruptedAfter | None = None
 """A target the CLI test resolves by name (``tests.engine.test_run:CTRL_C_TARGET``)."""
-
-
-class _LossyInterruptedAfter(_InterruptedAfter):
-    """``residual_is_target`` until its ``calls``-th call, which raises KeyboardInterrupt."""
-
-    def __call__(
-        self,
-        target_probs: torch.Tensor,
-        draft_probs: torch.Tensor,
-        draft_token_ids: torch.Tensor,
-        generator: torch.Generator,
-    ) -> torch.Tensor:
-        from tests.wrong_verifiers import residual_is_target
-
-        self.calls -= 1
-        if self.calls == 0:
-            raise KeyboardInterrupt
-        return residual_is_target(target_probs, draft_probs, draft_token_ids, generator)
 
 
 @pytest.mark.parametrize("chunk_steps", [None, 1000])
