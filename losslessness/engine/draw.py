@@ -7,6 +7,7 @@ checks' candidates excepted, :mod:`losslessness.engine.device`).
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -37,16 +38,28 @@ class TargetTimeout(TimeoutError):
     """A call of the target took longer than the run's per-call timeout (``--timeout``)."""
 
 
+def _timeout_message(function: Callable[..., Any], timeout_s: float) -> str:
+    name = getattr(function, "__qualname__", type(function).__name__)
+    return (
+        f"the call of {name} did not return within {timeout_s:g} s (--timeout); the target is "
+        "taken as hung"
+    )
+
+
 def call_target(function: Callable[..., _T], *args: Any, timeout_s: float | None) -> _T:
     """``function(*args)``, given at most ``timeout_s`` seconds.
 
-    The call runs in a daemon thread: a target that hangs cannot be stopped from Python, but
-    the run stops waiting for it, and the process can still exit.
+    In the main thread the call runs there, under a ``SIGALRM`` interval timer whose handler
+    raises :class:`TargetTimeout` (the call keeps the thread's torch and OpenMP state: calling
+    from a fresh thread made small-op targets such as transformers' about twice as slow). The
+    timer interrupts Python code and interruptible waits (``time.sleep``, I/O); a hang inside
+    one C call is interrupted when that call returns. Outside the main thread (signals cannot
+    be used there) the call runs in a daemon thread that the run stops waiting for.
 
     Args:
         function: a target's verifier or generator method.
         args: its arguments.
-        timeout_s: seconds to wait; None waits for ever (and calls in this thread).
+        timeout_s: seconds to wait; None waits for ever.
 
     Returns:
         What ``function`` returned.
@@ -57,6 +70,18 @@ def call_target(function: Callable[..., _T], *args: Any, timeout_s: float | None
     """
     if timeout_s is None:
         return function(*args)
+    if threading.current_thread() is threading.main_thread():
+
+        def expire(signum: int, frame: object) -> None:
+            raise TargetTimeout(_timeout_message(function, timeout_s))
+
+        previous = signal.signal(signal.SIGALRM, expire)
+        signal.setitimer(signal.ITIMER_REAL, timeout_s)
+        try:
+            return function(*args)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
     outcome: dict[str, Any] = {}
 
     def run() -> None:
@@ -69,11 +94,7 @@ def call_target(function: Callable[..., _T], *args: Any, timeout_s: float | None
     worker.start()
     worker.join(timeout_s)
     if worker.is_alive():
-        name = getattr(function, "__qualname__", type(function).__name__)
-        raise TargetTimeout(
-            f"the call of {name} did not return within {timeout_s:g} s (--timeout); the target "
-            "is taken as hung"
-        )
+        raise TargetTimeout(_timeout_message(function, timeout_s))
     if "error" in outcome:
         raise outcome["error"]
     value: _T = outcome["value"]
