@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from losslessness.cases import ChainCase, GreedyCase
+from losslessness.checks.sequence_law import sequence_seed
 from losslessness.protocol import ChainVerifier, EndToEndGenerator, GreedyVerifier
 from losslessness.reference.sampling import sample_inverse_cdf
 from losslessness.samples import ChainSamples
@@ -275,11 +276,6 @@ def sample_greedy(
 
 SEQUENCE_PROGRESS_EVERY = 64
 """Sequences generated between two progress reports of :func:`generate_sequences`."""
-
-
-def sequence_seed(base_seed: int, index: int) -> int:
-    """Seed of the ``index``-th generated sequence of a check whose seed is ``base_seed``."""
-    return (base_seed + index) % 2**63
 
 
 def generate_sequences(
