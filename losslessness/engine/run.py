@@ -251,7 +251,7 @@ def _run_end_to_end_unit(state: _ShardState, unit: Unit, record: UnitRecord) -> 
     ]
 
 
-def _run_device_unit(state: _ShardState, record: UnitRecord) -> None:
+def _run_device_unit(state: _ShardState, unit: Unit, record: UnitRecord) -> None:
     plan = state.plan.record
     run_device_checks, note = load_device_checks()
     if run_device_checks is None:
@@ -297,6 +297,7 @@ _UNIT_RUNNERS = {
     "chain": _run_chain_unit,
     "greedy": _run_greedy_unit,
     "end-to-end": _run_end_to_end_unit,
+    "device": _run_device_unit,
     "suite": _run_suite_unit,
 }
 
@@ -339,10 +340,7 @@ def run_shard(
             )
         else:
             try:
-                if unit.kind == "device":
-                    _run_device_unit(state, record)
-                else:
-                    _UNIT_RUNNERS[unit.kind](state, unit, record)
+                _UNIT_RUNNERS[unit.kind](state, unit, record)
             except KeyboardInterrupt:
                 # Ctrl-C: keep what finished, record this unit and the rest as not run.
                 interrupted = True
