@@ -17,13 +17,23 @@ Greedy verifier::
 
     verify_greedy(target_logits [B, k+1, V], draft_token_ids [B, k]) -> [B, k+1] int64
 
+Tree verifier (node 0 is the root context, nodes 1..N the drafted tokens; ``parents[b, j]`` is
+the parent of node ``j+1`` and is smaller than ``j+1``; ``D`` the depth of the deepest node)::
+
+    verify_tree(target_probs [B, N+1, V], draft_probs [B, N+1, V], parents [B, N],
+                token_ids [B, N], draft_scheme: str, generator) -> TreeOutput
+    verify_tree_greedy(target_logits [B, N+1, V], parents [B, N], token_ids [B, N]) -> TreeOutput
+
+    TreeOutput.tokens [B, D+1] int64          accepted path's tokens, then one final token
+    TreeOutput.accepted_nodes [B, D] int64    the accepted nodes (1..N) in path order
+
 Bad input raises :class:`InvalidInputError` (a ``ValueError``) whose message starts with the
 argument's name and says what was wrong.
 """
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import NamedTuple, Protocol, runtime_checkable
 
 import torch
 
@@ -94,6 +104,91 @@ class GreedyVerifier(Protocol):
     def __call__(
         self, target_logits: torch.Tensor, draft_token_ids: torch.Tensor
     ) -> torch.Tensor: ...
+
+
+DRAFT_SCHEMES = ("iid", "without-replacement", "top-k")
+"""How the children of one tree node were drawn from the draft distribution q at that node.
+
+``iid``: independently from q, with replacement (duplicate sibling tokens happen; SpecInfer,
+Miao et al. 2024; multi-draft SpecTr, Sun et al. 2023). ``without-replacement``: one after
+the other from q with the earlier siblings' tokens removed and q renormalised (Jeon et al. 2024,
+"Recursive Speculative Decoding"). ``top-k``: deterministically, the node's children are the
+tokens of largest q, in any order (EAGLE-2's and Medusa's trees); q then only ranks tokens.
+"""
+
+
+class TreeOutput(NamedTuple):
+    """What a tree verifier returns for a batch (one verification step per tree).
+
+    Attributes:
+        tokens: ``[B, D+1]`` int64; the accepted nodes' tokens in path order, then one final
+            token (the correction after the last node's children were all rejected, or the
+            bonus token at a leaf), left-aligned, :data:`PLACEHOLDER` after the last.
+        accepted_nodes: ``[B, D]`` int64; the accepted nodes' indices (``1..N``) in path
+            order, :data:`PLACEHOLDER` after the last. ``tokens[b, i] ==
+            token_ids[b, accepted_nodes[b, i] - 1]`` for every accepted position i.
+
+    ``D`` is the depth of the deepest node of the batch's trees (a chain of k drafts: D = k).
+    """
+
+    tokens: torch.Tensor
+    accepted_nodes: torch.Tensor
+
+
+@runtime_checkable
+class TreeVerifier(Protocol):
+    """One tree (or multi-draft) speculative-sampling verification step.
+
+    Args:
+        target_probs: ``[B, N+1, V]`` float; row ``n`` is the target's next-token law p_n at the
+            context ending in node n (row 0: the root context).
+        draft_probs: ``[B, N+1, V]`` float; row ``n`` is the draft law q_n the children of node
+            n were drawn from. Rows of leaves are ignored (zeros allowed).
+        parents: ``[B, N]`` int64; ``parents[b, j]`` is the parent of node ``j+1``, in
+            ``[0, j]`` (parents precede children, so there is no cycle).
+        token_ids: ``[B, N]`` int64; ``token_ids[b, j]`` is node ``j+1``'s drafted token.
+        draft_scheme: one of :data:`DRAFT_SCHEMES`, the same for every tree of the batch.
+        generator: the only source of randomness.
+
+    Returns:
+        :class:`TreeOutput`. A lossless verifier makes the emitted tokens follow the target:
+        given the accepted path so far, the next emitted token follows p at its last node.
+
+    Layouts of real engines convert to this one: SGLang's first-child / next-sibling arrays
+    (``retrive_next_token``, ``retrive_next_sibling``) and Medusa's and EAGLE's
+    ``tree_choices`` paths (:mod:`losslessness.reference.tree_layouts`). A chain of k drafts is
+    the tree ``parents = [0, 1, ..., k-1]`` under the ``iid`` scheme.
+    """
+
+    def __call__(
+        self,
+        target_probs: torch.Tensor,
+        draft_probs: torch.Tensor,
+        parents: torch.Tensor,
+        token_ids: torch.Tensor,
+        draft_scheme: str,
+        generator: torch.Generator,
+    ) -> TreeOutput: ...
+
+
+@runtime_checkable
+class GreedyTreeVerifier(Protocol):
+    """One greedy tree verification step: from the root, move to the child whose token is the
+    argmax of the target's logits at the current node (the lowest-index such child when
+    siblings repeat a token), until none matches; the final token is that argmax.
+
+    Args:
+        target_logits: ``[B, N+1, V]`` float; ``-inf`` allowed (masked tokens).
+        parents: ``[B, N]`` int64, as for :class:`TreeVerifier`.
+        token_ids: ``[B, N]`` int64.
+
+    Returns:
+        :class:`TreeOutput`; the tokens equal greedy decoding along the tree.
+    """
+
+    def __call__(
+        self, target_logits: torch.Tensor, parents: torch.Tensor, token_ids: torch.Tensor
+    ) -> TreeOutput: ...
 
 
 @runtime_checkable
@@ -337,3 +432,227 @@ def validate_greedy_inputs(target_logits: object, draft_token_ids: object) -> tu
         raise InvalidInputError("target_logits", "a row has every logit -inf (no token possible)")
     _require_ids("draft_token_ids", ids, vocab)
     return batch, positions - 1, vocab
+
+
+def tree_depths(parents: torch.Tensor) -> torch.Tensor:
+    """Depth of every node of a batch of trees (root 0, its children 1, ...).
+
+    Args:
+        parents: ``[B, N]`` int64 with ``parents[b, j]`` in ``[0, j]`` (already validated).
+
+    Returns:
+        ``[B, N+1]`` int64; column 0 is the root (depth 0).
+    """
+    batch, nodes = parents.shape
+    depths = torch.zeros((batch, nodes + 1), dtype=torch.int64, device=parents.device)
+    for j in range(nodes):
+        depths[:, j + 1] = depths.gather(1, parents[:, j : j + 1].long()).squeeze(1) + 1
+    return depths
+
+
+def _validate_tree_shape(
+    parents: object, token_ids: object, batch: int, nodes_plus_root: int, vocab: int, rows: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    tree = _require_tensor("parents", parents)
+    ids = _require_tensor("token_ids", token_ids)
+    _require_rank("parents", tree, 2, "[B, N]")
+    _require_rank("token_ids", ids, 2, "[B, N]")
+    if tree.shape[1] == 0:
+        raise InvalidInputError("parents", "N = 0: a tree needs at least one drafted node")
+    if tree.shape[0] != batch:
+        raise InvalidInputError(
+            "parents", f"batch size {tree.shape[0]} does not match {rows} batch size {batch}"
+        )
+    if tree.shape[1] + 1 != nodes_plus_root:
+        raise InvalidInputError(
+            "parents",
+            f"has N = {tree.shape[1]} nodes but {rows} has {nodes_plus_root} rows; expected "
+            "N+1 (row 0 is the root context)",
+        )
+    if tuple(ids.shape) != tuple(tree.shape):
+        raise InvalidInputError(
+            "token_ids", f"shape {tuple(ids.shape)} does not match parents {tuple(tree.shape)}"
+        )
+    if tree.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
+        raise InvalidInputError("parents", f"expected an integer dtype (int64), got {tree.dtype}")
+    if tree.numel():
+        index = torch.arange(1, tree.shape[1] + 1, device=tree.device)
+        bad = (tree < 0) | (tree >= index)
+        if bool(bad.any()):
+            b, j = torch.nonzero(bad)[0].tolist()
+            value = int(tree[b, j])
+            why = (
+                "is negative (out of range)"
+                if value < 0
+                else "is not smaller than the node's own index (parents must precede children, "
+                "which also rules out cycles)"
+                if value <= tree.shape[1]
+                else f"is out of range [0, {tree.shape[1]}]"
+            )
+            raise InvalidInputError(
+                "parents", f"row {b}: the parent {value} of node {j + 1} {why}"
+            )
+    _require_ids("token_ids", ids, vocab)
+    return tree.long(), ids.long()
+
+
+def _children_mask(parents: torch.Tensor) -> torch.Tensor:
+    """``[B, N+1]`` bool: whether node n has at least one child."""
+    batch, nodes = parents.shape
+    has = torch.zeros((batch, nodes + 1), dtype=torch.bool, device=parents.device)
+    has.scatter_(1, parents, True)
+    return has
+
+
+def validate_tree_inputs(
+    target_probs: object,
+    draft_probs: object,
+    parents: object,
+    token_ids: object,
+    draft_scheme: object,
+    generator: object = _NOT_GIVEN,
+) -> tuple[int, int, int]:
+    """Validate the arguments of a tree verifier call (:class:`TreeVerifier`).
+
+    Args:
+        target_probs: ``[B, N+1, V]`` float, every row a distribution.
+        draft_probs: ``[B, N+1, V]`` float; the row of every node with children a distribution,
+            leaves' rows finite and non-negative (ignored).
+        parents: ``[B, N]`` integer, ``parents[b, j]`` in ``[0, j]``, N >= 1.
+        token_ids: ``[B, N]`` integer ids in ``[0, V)``.
+        draft_scheme: one of :data:`DRAFT_SCHEMES`; the drafts must be possible under it:
+            every drafted token has q > 0 at its parent; ``without-replacement`` and ``top-k``
+            siblings are distinct; ``top-k`` siblings are tokens of largest q at their parent.
+        generator: must be a ``torch.Generator`` when given.
+
+    Returns:
+        ``(B, N, V)``.
+
+    Raises:
+        InvalidInputError: naming the argument: wrong type, rank or shape, N = 0, a parent not
+            smaller than its node (a cycle) or out of range, mismatched batch, node count or
+            vocabulary, rows that are not distributions, a node with children whose draft row
+            is not a distribution, an unknown scheme, or drafts the declared scheme contradicts.
+    """
+    target = _require_tensor("target_probs", target_probs)
+    draft = _require_tensor("draft_probs", draft_probs)
+    _require_rank("target_probs", target, 3, "[B, N+1, V]")
+    _require_rank("draft_probs", draft, 3, "[B, N+1, V]")
+    _require_float("target_probs", target)
+    _require_float("draft_probs", draft)
+    batch, rows, vocab = target.shape
+    if vocab < 1:
+        raise InvalidInputError("target_probs", "vocabulary size V must be >= 1, got 0")
+    if tuple(draft.shape) != tuple(target.shape):
+        raise InvalidInputError(
+            "draft_probs",
+            f"shape {tuple(draft.shape)} does not match target_probs {tuple(target.shape)} "
+            "(one draft row per node, leaves included)",
+        )
+    tree, ids = _validate_tree_shape(parents, token_ids, batch, rows, vocab, "target_probs")
+    if draft_scheme not in DRAFT_SCHEMES:
+        raise InvalidInputError(
+            "draft_scheme", f"{draft_scheme!r} is not one of {', '.join(DRAFT_SCHEMES)}"
+        )
+    validate_probability_rows("target_probs", target)
+    if batch == 0:
+        return batch, tree.shape[1], vocab
+    if not bool(torch.isfinite(draft).all()) or bool((draft < 0).any()):
+        raise InvalidInputError("draft_probs", "contains NaN, inf or negative mass")
+    has_children = _children_mask(tree)
+    sums = draft.sum(dim=-1, dtype=torch.float64)
+    bad = has_children & ((sums - 1.0).abs() > ROW_SUM_TOLERANCE)
+    if bool(bad.any()):
+        b, n = torch.nonzero(bad)[0].tolist()
+        raise InvalidInputError(
+            "draft_probs",
+            f"row {b}: node {n} has children but its draft distribution sums to "
+            f"{float(sums[b, n]):.9g}, not 1 (siblings need the law they were drawn from)",
+        )
+    parent_q = draft.gather(1, tree.unsqueeze(-1).expand(batch, tree.shape[1], vocab))
+    drafted = parent_q.gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+    if bool((drafted <= 0).any()):
+        b, j = torch.nonzero(drafted <= 0)[0].tolist()
+        raise InvalidInputError(
+            "token_ids",
+            f"row {b}: node {j + 1}'s token {int(ids[b, j])} has draft probability 0 at its "
+            f"parent {int(tree[b, j])}, so it cannot have been drafted",
+        )
+    if draft_scheme != "iid":
+        _require_distinct_siblings(tree, ids, str(draft_scheme))
+    if draft_scheme == "top-k":
+        _require_top_k_siblings(tree, ids, parent_q, drafted)
+    if generator is not _NOT_GIVEN and not isinstance(generator, torch.Generator):
+        raise InvalidInputError(
+            "generator", f"expected a torch.Generator, got {type(generator).__name__}"
+        )
+    return batch, tree.shape[1], vocab
+
+
+def _require_distinct_siblings(parents: torch.Tensor, ids: torch.Tensor, scheme: str) -> None:
+    same_parent = parents.unsqueeze(2) == parents.unsqueeze(1)
+    same_token = ids.unsqueeze(2) == ids.unsqueeze(1)
+    repeat = (same_parent & same_token).triu(diagonal=1)
+    if bool(repeat.any()):
+        b, i, j = torch.nonzero(repeat)[0].tolist()
+        raise InvalidInputError(
+            "token_ids",
+            f"row {b}: nodes {i + 1} and {j + 1} are siblings with the same token "
+            f"{int(ids[b, i])}, impossible under draft_scheme {scheme!r}",
+        )
+
+
+def _require_top_k_siblings(
+    parents: torch.Tensor, ids: torch.Tensor, parent_q: torch.Tensor, drafted: torch.Tensor
+) -> None:
+    # Each child's token must have q at least that of every token its parent did not expand.
+    batch, nodes, vocab = parent_q.shape
+    chosen = torch.zeros((batch, nodes + 1, vocab), dtype=torch.bool, device=ids.device)
+    chosen[torch.arange(batch).unsqueeze(1), parents, ids] = True
+    unchosen_q = torch.where(
+        chosen.gather(1, parents.unsqueeze(-1).expand(batch, nodes, vocab)),
+        torch.zeros((), dtype=parent_q.dtype),
+        parent_q,
+    )
+    beaten = unchosen_q.amax(dim=-1) > drafted
+    if bool(beaten.any()):
+        b, j = torch.nonzero(beaten)[0].tolist()
+        raise InvalidInputError(
+            "token_ids",
+            f"row {b}: node {j + 1}'s token {int(ids[b, j])} (q = {float(drafted[b, j]):.4g}) is "
+            f"not among the top-k tokens of its parent {int(parents[b, j])}'s draft "
+            "distribution, as draft_scheme 'top-k' declares",
+        )
+
+
+def validate_greedy_tree_inputs(
+    target_logits: object, parents: object, token_ids: object
+) -> tuple[int, int, int]:
+    """Validate the arguments of a greedy tree verifier call (:class:`GreedyTreeVerifier`).
+
+    Args:
+        target_logits: ``[B, N+1, V]`` float; ``-inf`` marks masked tokens.
+        parents: ``[B, N]`` integer, ``parents[b, j]`` in ``[0, j]``, N >= 1.
+        token_ids: ``[B, N]`` integer ids in ``[0, V)``.
+
+    Returns:
+        ``(B, N, V)``.
+
+    Raises:
+        InvalidInputError: naming the argument, as :func:`validate_tree_inputs` for the tree,
+            and NaN, ``+inf`` or an all ``-inf`` row in ``target_logits``.
+    """
+    logits = _require_tensor("target_logits", target_logits)
+    _require_rank("target_logits", logits, 3, "[B, N+1, V]")
+    _require_float("target_logits", logits)
+    batch, rows, vocab = logits.shape
+    if vocab < 1:
+        raise InvalidInputError("target_logits", "vocabulary size V must be >= 1, got 0")
+    tree, _ = _validate_tree_shape(parents, token_ids, batch, rows, vocab, "target_logits")
+    if bool(torch.isnan(logits).any()):
+        raise InvalidInputError("target_logits", "contains NaN")
+    if bool((logits == float("inf")).any()):
+        raise InvalidInputError("target_logits", "contains +inf")
+    if batch > 0 and bool((logits == float("-inf")).all(dim=-1).any()):
+        raise InvalidInputError("target_logits", "a row has every logit -inf (no token possible)")
+    return batch, tree.shape[1], vocab

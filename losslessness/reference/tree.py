@@ -1,0 +1,283 @@
+"""Reference tree and multi-draft verifiers (the ground truth for the tree protocols).
+
+Sampling (:func:`verify_tree`): from the root, the children of the current node are tried in
+index order against a running target law r (first p at the node):
+
+- ``iid`` siblings (drawn independently from q): accept child x with probability
+  ``min(1, r(x) / q(x))``; on rejection ``r <- norm(max(0, r - q))``. This is SpecInfer's
+  multi-step speculative sampling (Miao et al. 2024, "SpecInfer", Alg. 2) and the multi-draft
+  rule of Chen et al. / SpecTr's baseline (Sun et al. 2023, section 4.1).
+- ``without-replacement`` siblings (each drawn from q with the earlier ones removed): the same
+  with ``q`` replaced by the running draft law ``q'`` (q with the tried siblings zeroed and
+  renormalised): accept with ``min(1, r(x) / q'(x))``; on rejection ``r <- norm(max(0,
+  r - q'))`` then ``q'(x) <- 0`` and renormalise. Recursive rejection sampling without
+  replacement (Jeon et al. 2024, "Recursive Speculative Decoding", Alg. 2).
+- ``top-k`` siblings (deterministic): accept child x with probability ``r(x)``; on rejection
+  ``r(x) <- 0`` and renormalise (sampling x ~ r one candidate at a time; as in EAGLE-2's and
+  SGLang's tree sampling for deterministic trees).
+
+An accepted child becomes the current node (r = its p, q its draft law); when every child is
+rejected the final token is drawn from r, and at a leaf the bonus token from its p. By induction
+over the siblings each step emits its next token from p at the current node, so the emitted
+tokens follow the target (Miao et al. 2024, Thm. 4.2; Jeon et al. 2024, Thm. 3.1).
+
+Greedy (:func:`verify_tree_greedy`): move to the lowest-index child whose token is the argmax of
+the target's logits at the current node; the final token is that argmax.
+
+Everything is vectorised over the batch (a loop over depth and sibling slot only) and computed in
+float64 (float32 on ``mps``). Randomness: ``B * N`` accept uniforms (node ``j+1``'s decision uses
+column j) then ``B`` sampling uniforms, all ``torch.rand`` on the generator.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from losslessness.protocol import (
+    PLACEHOLDER,
+    InvalidInputError,
+    TreeOutput,
+    tree_depths,
+    validate_greedy_tree_inputs,
+    validate_tree_inputs,
+)
+from losslessness.reference.greedy import argmax_lowest_index
+from losslessness.reference.laws import residual_distribution
+from losslessness.reference.sampling import compute_dtype, sample_inverse_cdf
+
+
+def child_table(parents: torch.Tensor) -> torch.Tensor:
+    """Every node's children in index order, as a padded table.
+
+    Args:
+        parents: ``[B, N]`` int64, validated (``parents[b, j]`` in ``[0, j]``).
+
+    Returns:
+        ``[B, N+1, C]`` int64, C the largest number of children of any node (at least 1);
+        ``table[b, n, s]`` is the s-th child (1..N) of node n, :data:`PLACEHOLDER` past the last.
+    """
+    batch, nodes = parents.shape
+    parents = parents.long()
+    earlier = torch.ones((nodes, nodes), dtype=torch.bool, device=parents.device).tril(-1)
+    same_parent = parents.unsqueeze(2) == parents.unsqueeze(1)
+    slot = (same_parent & earlier).sum(dim=2)
+    width = int(slot.max()) + 1 if slot.numel() else 1
+    table = torch.full((batch, nodes + 1, width), PLACEHOLDER, dtype=torch.int64,
+                       device=parents.device)
+    rows = torch.arange(batch, device=parents.device).unsqueeze(1).expand(batch, nodes)
+    node_ids = torch.arange(1, nodes + 1, device=parents.device).expand(batch, nodes)
+    table[rows, parents, slot] = node_ids
+    return table
+
+
+def _renormalise(probs: torch.Tensor) -> torch.Tensor:
+    total = probs.sum(dim=-1, keepdim=True)
+    return probs / torch.where(total > 0, total, 1.0)
+
+
+def verify_tree(
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor,
+    parents: torch.Tensor,
+    token_ids: torch.Tensor,
+    draft_scheme: str,
+    generator: torch.Generator,
+) -> TreeOutput:
+    """One tree speculative-sampling step per row, for the declared draft scheme.
+
+    Args:
+        target_probs: ``[B, N+1, V]`` float, p at every node's context (row 0 the root).
+        draft_probs: ``[B, N+1, V]`` float, q at every node its children were drawn from.
+        parents: ``[B, N]`` int64, ``parents[b, j] < j + 1``.
+        token_ids: ``[B, N]`` int64, node ``j+1``'s token.
+        draft_scheme: ``"iid"``, ``"without-replacement"`` or ``"top-k"``
+            (:data:`losslessness.protocol.DRAFT_SCHEMES`); the rules are in the module
+            docstring, with their sources.
+        generator: draws ``B*N`` accept uniforms then ``B`` sampling uniforms (``torch.rand``,
+            float64) on its device.
+
+    Returns:
+        :class:`TreeOutput`: tokens ``[B, D+1]`` and accepted nodes ``[B, D]`` int64 on the
+        inputs' device.
+
+    Raises:
+        InvalidInputError: see :func:`losslessness.protocol.validate_tree_inputs`; inputs on
+            different devices.
+    """
+    batch, nodes, _ = validate_tree_inputs(
+        target_probs, draft_probs, parents, token_ids, draft_scheme, generator
+    )
+    device = target_probs.device
+    for name, tensor in (("draft_probs", draft_probs), ("parents", parents),
+                         ("token_ids", token_ids)):
+        if tensor.device != device:
+            raise InvalidInputError(
+                name, f"is on {tensor.device}, but target_probs is on {device}; use one device"
+            )
+    dtype = compute_dtype(device)
+    accept_u = torch.rand((batch, nodes), generator=generator, dtype=dtype,
+                          device=generator.device).to(device)
+    sample_u = torch.rand((batch,), generator=generator, dtype=dtype,
+                          device=generator.device).to(device)
+    return _verify_tree_validated(
+        target_probs.to(dtype), draft_probs.to(dtype), parents.long(), token_ids.long(),
+        draft_scheme, accept_u, sample_u,
+    )
+
+
+def _verify_tree_validated(
+    target: torch.Tensor,
+    draft: torch.Tensor,
+    parents: torch.Tensor,
+    ids: torch.Tensor,
+    scheme: str,
+    accept_u: torch.Tensor,
+    sample_u: torch.Tensor,
+) -> TreeOutput:
+    batch, nodes = parents.shape
+    device = target.device
+    depth = int(tree_depths(parents).max())
+    table = child_table(parents)
+    rows = torch.arange(batch, device=device)
+    # Node 0 has no token: a zero in front makes node n's token column n.
+    node_tokens = torch.cat([torch.zeros((batch, 1), dtype=torch.int64, device=device), ids], 1)
+    node_u = torch.cat([torch.ones((batch, 1), dtype=accept_u.dtype, device=device), accept_u], 1)
+    tokens = torch.full((batch, depth + 1), PLACEHOLDER, dtype=torch.int64, device=device)
+    accepted = torch.full((batch, depth), PLACEHOLDER, dtype=torch.int64, device=device)
+    current = torch.zeros(batch, dtype=torch.int64, device=device)
+    active = torch.ones(batch, dtype=torch.bool, device=device)
+    for level in range(depth + 1):
+        residual = target[rows, current]
+        draft_law = draft[rows, current]
+        chosen = torch.full((batch,), PLACEHOLDER, dtype=torch.int64, device=device)
+        for slot in range(table.shape[2]):
+            child = table[rows, current, slot]
+            trying = active & (chosen < 0) & (child >= 0)
+            if not bool(trying.any()):
+                break
+            safe_child = child.clamp(min=0)
+            token = node_tokens[rows, safe_child].unsqueeze(1)
+            r_x = residual.gather(1, token).squeeze(1)
+            if scheme == "top-k":
+                ratio = r_x
+            else:
+                q_x = draft_law.gather(1, token).squeeze(1)
+                ratio = r_x / torch.where(q_x > 0, q_x, 1.0)
+            accept = trying & (node_u[rows, safe_child] < ratio)
+            chosen = torch.where(accept, child, chosen)
+            reject = (trying & ~accept).unsqueeze(1)
+            if scheme == "top-k":
+                updated = _renormalise(residual.scatter(1, token, 0.0))
+            else:
+                updated = residual_distribution(residual, draft_law).to(residual.dtype)
+                if scheme == "without-replacement":
+                    draft_law = torch.where(
+                        reject, _renormalise(draft_law.scatter(1, token, 0.0)), draft_law
+                    )
+            residual = torch.where(reject, updated, residual)
+        moved = chosen >= 0
+        if level < depth:
+            tokens[:, level] = torch.where(moved, node_tokens[rows, chosen.clamp(min=0)],
+                                           tokens[:, level])
+            accepted[:, level] = torch.where(moved, chosen, accepted[:, level])
+        stopping = active & ~moved
+        if bool(stopping.any()):
+            final = sample_inverse_cdf(residual[stopping], sample_u[stopping])
+            tokens[stopping, level] = final
+        active = active & moved
+        current = torch.where(moved, chosen, current)
+        if not bool(active.any()):
+            break
+    return TreeOutput(tokens, accepted)
+
+
+def verify_tree_greedy(
+    target_logits: torch.Tensor, parents: torch.Tensor, token_ids: torch.Tensor
+) -> TreeOutput:
+    """One greedy tree verification step per row (the greedy tree protocol).
+
+    From the root, move to the lowest-index child whose token equals the argmax (lowest index
+    on ties) of ``target_logits`` at the current node; stop when no child matches and emit that
+    argmax as the final token. The tokens equal greedy decoding along the tree (SpecInfer's
+    greedy tree verification, Miao et al. 2024, section 4.2; SGLang's ``verify_tree_greedy``).
+
+    Args:
+        target_logits: ``[B, N+1, V]`` float, ``-inf`` allowed.
+        parents: ``[B, N]`` int64, ``parents[b, j] < j + 1``.
+        token_ids: ``[B, N]`` int64.
+
+    Returns:
+        :class:`TreeOutput` (tokens ``[B, D+1]``, accepted nodes ``[B, D]``, int64).
+
+    Raises:
+        InvalidInputError: see :func:`losslessness.protocol.validate_greedy_tree_inputs`.
+    """
+    batch, _, _ = validate_greedy_tree_inputs(target_logits, parents, token_ids)
+    device = target_logits.device
+    parents = parents.long().to(device)
+    ids = token_ids.long().to(device)
+    depth = int(tree_depths(parents).max())
+    table = child_table(parents)
+    best = argmax_lowest_index(target_logits)
+    rows = torch.arange(batch, device=device)
+    node_tokens = torch.cat([torch.full((batch, 1), -2, dtype=torch.int64, device=device), ids], 1)
+    tokens = torch.full((batch, depth + 1), PLACEHOLDER, dtype=torch.int64, device=device)
+    accepted = torch.full((batch, depth), PLACEHOLDER, dtype=torch.int64, device=device)
+    current = torch.zeros(batch, dtype=torch.int64, device=device)
+    active = torch.ones(batch, dtype=torch.bool, device=device)
+    for level in range(depth + 1):
+        wanted = best[rows, current]
+        children = table[rows, current]
+        matches = (children >= 0) & (node_tokens.gather(1, children.clamp(min=0)) ==
+                                     wanted.unsqueeze(1))
+        first = torch.where(matches, children, torch.iinfo(torch.int64).max).min(dim=1).values
+        moved = active & matches.any(dim=1)
+        tokens[active, level] = wanted[active]
+        if level < depth:
+            accepted[:, level] = torch.where(moved, first, accepted[:, level])
+        active = moved
+        current = torch.where(moved, first, current)
+        if not bool(active.any()):
+            break
+    return TreeOutput(tokens, accepted)
+
+
+def sample_siblings(
+    draft_probs: torch.Tensor, count: int, draft_scheme: str, generator: torch.Generator
+) -> torch.Tensor:
+    """Draw the tokens of ``count`` siblings from their parent's draft law, per scheme.
+
+    Args:
+        draft_probs: ``[B, V]`` float, q at the parent (rows sum to 1).
+        count: number of siblings, ``1 <= count`` (``<= `` the support of q for
+            ``without-replacement``, ``<= V`` for ``top-k``).
+        draft_scheme: ``"iid"`` (``torch.multinomial`` with replacement),
+            ``"without-replacement"`` (without replacement: each next sibling from q with the
+            earlier ones removed) or ``"top-k"`` (the ``count`` tokens of largest q, ties
+            towards the lower id, in decreasing q).
+        generator: randomness for the two sampled schemes.
+
+    Returns:
+        ``[B, count]`` int64 tokens.
+
+    Raises:
+        InvalidInputError: ``count`` < 1, an unknown scheme, or too few tokens with q > 0.
+    """
+    if count < 1:
+        raise InvalidInputError("count", f"must be >= 1, got {count}")
+    q = draft_probs.to(torch.float64)
+    if draft_scheme == "top-k":
+        if count > q.shape[-1]:
+            raise InvalidInputError("count", f"{count} siblings exceed the vocabulary {q.shape[-1]}")
+        # A stable descending sort puts the lower id first among equal q.
+        return torch.sort(q, dim=-1, descending=True, stable=True).indices[:, :count]
+    if draft_scheme == "iid":
+        return torch.multinomial(q, count, replacement=True, generator=generator)
+    if draft_scheme == "without-replacement":
+        support = int((q > 0).sum(dim=-1).min()) if q.numel() else 0
+        if count > support:
+            raise InvalidInputError(
+                "count", f"{count} siblings without replacement exceed q's support ({support})"
+            )
+        return torch.multinomial(q, count, replacement=False, generator=generator)
+    raise InvalidInputError("draft_scheme", f"{draft_scheme!r} is not a known draft scheme")
