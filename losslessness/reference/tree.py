@@ -134,7 +134,7 @@ def _verify_tree_validated(
     accept_u: torch.Tensor,
     sample_u: torch.Tensor,
 ) -> TreeOutput:
-    batch, nodes = parents.shape
+    batch = parents.shape[0]
     device = target.device
     depth = int(tree_depths(parents).max())
     table = child_table(parents)
@@ -268,7 +268,9 @@ def sample_siblings(
     q = draft_probs.to(torch.float64)
     if draft_scheme == "top-k":
         if count > q.shape[-1]:
-            raise InvalidInputError("count", f"{count} siblings exceed the vocabulary {q.shape[-1]}")
+            raise InvalidInputError(
+                "count", f"{count} siblings exceed the vocabulary {q.shape[-1]}"
+            )
         # A stable descending sort puts the lower id first among equal q.
         return torch.sort(q, dim=-1, descending=True, stable=True).indices[:, :count]
     if draft_scheme == "iid":
