@@ -1,7 +1,9 @@
 """Domain case types: what one verification step is asked to verify.
 
 One chain case (target/draft distributions of R row types), one greedy case (logits and
-drafts). The engine's battery, the Hypothesis strategies, the mutant zoo and the property suite
+drafts), one tree case (a tree topology, a draft scheme and a Markov target/draft model that
+gives p and q at every node), one greedy tree case (logits and trees). The engine's battery,
+the Hypothesis strategies, the mutant zoo and the property suite
 all produce these types; the checks and the engine consume them. Shapes follow the protocols of
 :mod:`losslessness.protocol`.
 """
@@ -14,7 +16,16 @@ from functools import cached_property
 
 import torch
 
-from losslessness.protocol import validate_chain_inputs, validate_greedy_inputs
+from losslessness.protocol import (
+    DRAFT_SCHEMES,
+    InvalidInputError,
+    tree_depths,
+    validate_chain_inputs,
+    validate_greedy_inputs,
+    validate_greedy_tree_inputs,
+    validate_tree_inputs,
+)
+from losslessness.reference.tree import sample_siblings
 
 
 def _tensor_hash(case_id: str, *tensors: torch.Tensor) -> str:
@@ -133,3 +144,197 @@ class GreedyCase(CaseShape):
     def case_hash(self) -> str:
         """First 12 hex digits of a SHA-256 over the id and the exact tensors."""
         return _tensor_hash(self.case_id, self.target_logits, self.draft_token_ids)
+
+
+@dataclass(frozen=True, eq=False)
+class TreeCase:
+    """A tree-verifier case: one tree topology, a draft scheme and a Markov model for p and q.
+
+    p and q at a node depend only on its depth and its token (a Markov chain per depth), so
+    siblings repeating a token share their laws, as they would under a real language model, and
+    the law check may pool nodes whose p is the same row.
+
+    Attributes:
+        case_id: short unique name (used by ``--case``).
+        summary: one line for humans (shape, V, scheme, regime).
+        parents: length-N tuple, ``parents[j]`` the parent of node ``j+1`` (``< j+1``).
+        root_target: ``[V]`` float64, p at the root context.
+        root_draft: ``[V]`` float64, q at the root (the root's children are drawn from it).
+        target_table: ``[D, V, V]`` float64; p at a node of depth ``d >= 1`` with token x is
+            ``target_table[d-1, x]``.
+        draft_table: ``[D, V, V]`` float64; q at such a node, ``draft_table[d-1, x]``.
+        draft_scheme: one of :data:`losslessness.protocol.DRAFT_SCHEMES`.
+        batch_size: trees per verifier call (each an independent step).
+        tags: regimes and edge-case labels (``star``, ``duplicates``, ``zeros``, ...).
+
+    Raises:
+        InvalidInputError: naming the field: a malformed tree, tables of the wrong shape or not
+            distributions, an unknown scheme, or more ``without-replacement`` siblings than
+            tokens with q > 0.
+    """
+
+    case_id: str
+    summary: str
+    parents: tuple[int, ...]
+    root_target: torch.Tensor
+    root_draft: torch.Tensor
+    target_table: torch.Tensor
+    draft_table: torch.Tensor
+    draft_scheme: str
+    batch_size: int = 64
+    tags: frozenset[str] = field(default_factory=frozenset)
+
+    def __post_init__(self) -> None:
+        if self.draft_scheme not in DRAFT_SCHEMES:
+            raise InvalidInputError(
+                "draft_scheme", f"{self.draft_scheme!r} is not one of {', '.join(DRAFT_SCHEMES)}"
+            )
+        if self.batch_size < 1:
+            raise InvalidInputError("batch_size", f"must be >= 1, got {self.batch_size}")
+        vocab = int(self.root_target.shape[-1])
+        shape = (self.depth, vocab, vocab)
+        for name in ("target_table", "draft_table"):
+            if tuple(getattr(self, name).shape) != shape:
+                raise InvalidInputError(
+                    name, f"expected shape {shape} (depth, V, V), got "
+                    f"{tuple(getattr(self, name).shape)}"
+                )
+        if tuple(self.root_draft.shape) != (vocab,):
+            raise InvalidInputError("root_draft", f"expected shape ({vocab},)")
+        siblings = torch.bincount(self.parents_tensor, minlength=self.n_nodes + 1)
+        if self.draft_scheme == "without-replacement":
+            support = min(
+                int((self.root_draft > 0).sum()),
+                int((self.draft_table > 0).sum(dim=-1).min()),
+            )
+            if int(siblings.max()) > support:
+                raise InvalidInputError(
+                    "parents",
+                    f"a node has {int(siblings.max())} children, more than the {support} tokens "
+                    "with q > 0 that drafting without replacement can give",
+                )
+        # A one-row draw validates the tree, the laws and the scheme through the protocol.
+        ids = self.draw_trees(1, torch.Generator().manual_seed(0))
+        target, draft = self.inputs(ids)
+        validate_tree_inputs(target, draft, self.parents_tensor.unsqueeze(0), ids,
+                             self.draft_scheme)
+
+    @property
+    def n_nodes(self) -> int:
+        """N, the drafted nodes of the tree."""
+        return len(self.parents)
+
+    @property
+    def vocab_size(self) -> int:
+        """Vocabulary size V."""
+        return int(self.root_target.shape[-1])
+
+    @cached_property
+    def parents_tensor(self) -> torch.Tensor:
+        """``[N]`` int64 parents."""
+        return torch.tensor(self.parents, dtype=torch.int64)
+
+    @cached_property
+    def depths(self) -> torch.Tensor:
+        """``[N+1]`` int64 depth of every node (root 0)."""
+        if not self.parents:
+            raise InvalidInputError("parents", "N = 0: a tree needs at least one drafted node")
+        return tree_depths(self.parents_tensor.unsqueeze(0)).squeeze(0)
+
+    @property
+    def depth(self) -> int:
+        """D, the depth of the deepest node."""
+        return int(self.depths.max())
+
+    @cached_property
+    def case_hash(self) -> str:
+        """First 12 hex digits of a SHA-256 over the id, scheme, tree and exact tables."""
+        return _tensor_hash(
+            f"{self.case_id}/{self.draft_scheme}/{self.batch_size}", self.parents_tensor,
+            self.root_target, self.root_draft, self.target_table, self.draft_table,
+        )
+
+    def draw_trees(self, count: int, generator: torch.Generator) -> torch.Tensor:
+        """Draft ``count`` independent trees: every node's children drawn from q at the node
+        under :attr:`draft_scheme` (:func:`losslessness.reference.tree.sample_siblings`), parents
+        before children, siblings jointly.
+
+        Args:
+            count: trees to draw, >= 0.
+            generator: the randomness.
+
+        Returns:
+            ``[count, N]`` int64 token ids.
+        """
+        ids = torch.zeros((count, self.n_nodes), dtype=torch.int64)
+        depths = self.depths
+        for parent in range(self.n_nodes + 1):
+            children = [j for j, p in enumerate(self.parents) if p == parent]
+            if not children or count == 0:
+                continue
+            if parent == 0:
+                q = self.root_draft.to(torch.float64).expand(count, -1)
+            else:
+                table = self.draft_table[int(depths[parent]) - 1].to(torch.float64)
+                q = table[ids[:, parent - 1]]
+            ids[:, children] = sample_siblings(q, len(children), self.draft_scheme, generator)
+        return ids
+
+    def inputs(self, token_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The verifier's ``target_probs`` and ``draft_probs`` for drafted trees.
+
+        Args:
+            token_ids: ``[B, N]`` int64, e.g. from :meth:`draw_trees`.
+
+        Returns:
+            ``([B, N+1, V], [B, N+1, V])`` float64: row 0 the root's p and q, row n the
+            tables' rows at node n's depth and token.
+        """
+        batch = token_ids.shape[0]
+        depth_index = (self.depths[1:] - 1).expand(batch, -1)
+        target = torch.cat(
+            [self.root_target.to(torch.float64).expand(batch, 1, -1),
+             self.target_table.to(torch.float64)[depth_index, token_ids]], dim=1
+        )
+        draft = torch.cat(
+            [self.root_draft.to(torch.float64).expand(batch, 1, -1),
+             self.draft_table.to(torch.float64)[depth_index, token_ids]], dim=1
+        )
+        return target, draft
+
+
+@dataclass(frozen=True, eq=False)
+class GreedyTreeCase:
+    """A greedy tree-verifier case: a batch of target logits and trees.
+
+    Attributes:
+        case_id: short unique name.
+        summary: one line for humans.
+        target_logits: ``[B, N+1, V]`` float (``-inf`` allowed).
+        parents: ``[B, N]`` int64, ``parents[b, j] < j + 1``.
+        token_ids: ``[B, N]`` int64.
+        tags: regimes (``ties``, ``masked``, ``duplicates``, ...).
+
+    Raises:
+        InvalidInputError: if the tensors do not form valid greedy tree inputs.
+    """
+
+    case_id: str
+    summary: str
+    target_logits: torch.Tensor
+    parents: torch.Tensor
+    token_ids: torch.Tensor
+    tags: frozenset[str] = field(default_factory=frozenset)
+
+    def __post_init__(self) -> None:
+        validate_greedy_tree_inputs(self.target_logits, self.parents, self.token_ids)
+
+    @property
+    def batch_size(self) -> int:
+        """B, the trees of the case."""
+        return int(self.target_logits.shape[0])
+
+    @cached_property
+    def case_hash(self) -> str:
+        """First 12 hex digits of a SHA-256 over the id and the exact tensors."""
+        return _tensor_hash(self.case_id, self.target_logits, self.parents, self.token_ids)

@@ -10,7 +10,13 @@ from typing import Any
 
 import torch
 
-from losslessness.protocol import ChainVerifier, EndToEndGenerator, GreedyVerifier
+from losslessness.protocol import (
+    ChainVerifier,
+    EndToEndGenerator,
+    GreedyTreeVerifier,
+    GreedyVerifier,
+    TreeVerifier,
+)
 
 
 class AdapterUnavailable(RuntimeError):
@@ -97,6 +103,8 @@ class Adapter:
         chain: the chain sampling verifier, or None if the implementation has none.
         greedy: the greedy verifier, or None.
         end_to_end: whole engines audited by the sequence-law check, or empty.
+        tree: the tree (multi-draft) sampling verifier, or None.
+        greedy_tree: the greedy tree verifier, or None.
     """
 
     name: str
@@ -104,10 +112,13 @@ class Adapter:
     chain: ChainVerifier | None = None
     greedy: GreedyVerifier | None = None
     end_to_end: tuple[EndToEndTarget, ...] = ()
+    tree: TreeVerifier | None = None
+    greedy_tree: GreedyTreeVerifier | None = None
 
     def __post_init__(self) -> None:
-        if self.chain is None and self.greedy is None and not self.end_to_end:
+        verifiers = (self.chain, self.greedy, self.tree, self.greedy_tree)
+        if all(verifier is None for verifier in verifiers) and not self.end_to_end:
             raise ValueError(
-                f"adapter {self.name!r}: needs a chain verifier, a greedy verifier or an "
-                "end-to-end target"
+                f"adapter {self.name!r}: needs a chain, greedy, tree or greedy tree verifier, "
+                "or an end-to-end target"
             )
