@@ -74,6 +74,7 @@ def test_unresolvable_targets_raise_adapter_not_found(name: str, message: str) -
 def test_adapter_needs_a_verifier() -> None:
     """An Adapter without any verifier is rejected."""
     with pytest.raises(
-        ValueError, match="needs a chain, greedy, tree or greedy tree verifier, or an end-to-end target"
+        ValueError,
+        match="needs a chain, greedy, tree or greedy tree verifier, or an end-to-end target",
     ):
         Adapter(name="empty", description="")
