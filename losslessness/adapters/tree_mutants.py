@@ -109,10 +109,22 @@ def _prepare(
     """Validate a tree call like the reference; return float64 p, q and int64 parents, ids on
     CPU (rows renormalised, which leaves the audit's normalised rows unchanged)."""
     validate_tree_inputs(target_probs, draft_probs, parents, token_ids, draft_scheme, generator)
-    p = target_probs.detach().cpu().to(torch.float64)
-    q = draft_probs.detach().cpu().to(torch.float64)
-    return (_renormalise(p), _renormalise(q), parents.detach().cpu().long(),
-            token_ids.detach().cpu().long())
+    p = _normalised(target_probs.detach().cpu().to(torch.float64))
+    q = _normalised(draft_probs.detach().cpu().to(torch.float64))
+    return p, q, parents.detach().cpu().long(), token_ids.detach().cpu().long()
+
+
+ROW_SUM_EXACT = 1e-12
+"""Rows whose sums are within this of 1 are already normalised to float64 rounding."""
+
+
+def _normalised(probs: torch.Tensor) -> torch.Tensor:
+    """``probs`` divided by its row sums, or ``probs`` itself when every row already sums to 1
+    within :data:`ROW_SUM_EXACT` (the audit's cases; callers never modify it)."""
+    sums = probs.sum(dim=-1, keepdim=True)
+    if probs.numel() == 0 or bool(((sums - 1.0).abs() <= ROW_SUM_EXACT).all()):
+        return probs
+    return _renormalise(probs)
 
 
 def _node_tokens(ids: torch.Tensor) -> torch.Tensor:
