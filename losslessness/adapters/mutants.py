@@ -27,7 +27,8 @@ import numpy as np
 import torch
 
 from losslessness.adapters.base import Adapter, AdapterNotFound
-from losslessness.cases import ChainCase, GreedyCase
+from losslessness.adapters.tree_mutants import TREE_ZOO, TreeMutantSpec
+from losslessness.cases import ChainCase, GreedyCase, GreedyTreeCase, TreeCase
 from losslessness.protocol import (
     ChainVerifier,
     GreedyVerifier,
@@ -62,8 +63,8 @@ class Mutant:
 
     Attributes:
         name: kebab-case, unique (``residual-clamped-1e-5``).
-        adapter: the :class:`~losslessness.adapters.base.Adapter` (``chain`` or ``greedy`` set),
-            named ``mutant/<name>``.
+        adapter: the :class:`~losslessness.adapters.base.Adapter` (``chain``, ``greedy``,
+            ``tree`` or ``greedy_tree`` set), named ``mutant/<name>``.
         lossy: False for the lossless controls.
         mechanism: one line: what is wrong (for a control: why it is still lossless).
         source: URL of the bug report, PR or issue the mechanism comes from.
@@ -76,7 +77,7 @@ class Mutant:
     lossy: bool
     mechanism: str
     source: str
-    case: ChainCase | GreedyCase
+    case: ChainCase | GreedyCase | TreeCase | GreedyTreeCase
 
 
 # ----------------------------------------------------------------------------- shared steps
@@ -927,6 +928,19 @@ def _entry(
     return Mutant(name, adapter, lossy, mechanism, source, case)
 
 
+def _tree_entry(spec: TreeMutantSpec) -> Mutant:
+    """A tree mutant of :mod:`losslessness.adapters.tree_mutants` as a zoo entry."""
+    kind = "lossless control" if not spec.lossy else "lossy mutant"
+    protocol = "greedy tree" if spec.greedy else "tree"
+    adapter = Adapter(
+        name=MUTANT_PREFIX + spec.name,
+        description=f"{kind} ({protocol} protocol): {spec.mechanism} [{spec.source}]",
+        tree=None if spec.greedy else spec.verifier,  # type: ignore[arg-type]
+        greedy_tree=spec.verifier if spec.greedy else None,  # type: ignore[arg-type]
+    )
+    return Mutant(spec.name, adapter, spec.lossy, spec.mechanism, spec.source, spec.case)
+
+
 def _build_zoo() -> dict[str, Mutant]:
     entries = [
         _entry(
@@ -1117,6 +1131,10 @@ def _build_zoo() -> dict[str, Mutant]:
             case=_dense_case("control-dense-v8-k3", 8, 3, 24, near=0.9),
         ),
     ]
+    # The tree mutants (tree_mutants.TREE_ZOO) join the zoo; a stable sort keeps every lossy
+    # entry before every control.
+    entries += [_tree_entry(spec) for spec in TREE_ZOO]
+    entries.sort(key=lambda entry: not entry.lossy)
     zoo = {entry.name: entry for entry in entries}
     if len(zoo) != len(entries):
         raise RuntimeError("mutant names must be unique")

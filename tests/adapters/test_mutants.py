@@ -19,7 +19,7 @@ from click.testing import CliRunner
 
 from losslessness.adapters import AdapterNotFound, resolve_adapter
 from losslessness.adapters.mutants import MUTANT_PREFIX, MUTANTS, Mutant, mutant
-from losslessness.cases import ChainCase
+from losslessness.cases import ChainCase, GreedyCase
 from losslessness.checks import check_greedy, run_chain_checks
 from losslessness.cli import main
 from losslessness.design import AuditConfig
@@ -38,8 +38,13 @@ CASE_ALPHA = 1e-6
 CASE_SEED = 7
 """Seed of the mechanism check's samples."""
 
-LOSSY = [name for name, entry in MUTANTS.items() if entry.lossy]
-CONTROLS = [name for name, entry in MUTANTS.items() if not entry.lossy]
+CHAIN_OR_GREEDY = [
+    name for name, entry in MUTANTS.items() if isinstance(entry.case, (ChainCase, GreedyCase))
+]
+"""The chain and greedy entries; the tree entries are tested in test_tree_mutants.py."""
+
+LOSSY = [name for name in CHAIN_OR_GREEDY if MUTANTS[name].lossy]
+CONTROLS = [name for name in CHAIN_OR_GREEDY if not MUTANTS[name].lossy]
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -55,7 +60,8 @@ def _one_intra_op_thread() -> Iterator[None]:
 
 
 def _docstring(entry: Mutant) -> str:
-    verifier = entry.adapter.chain or entry.adapter.greedy
+    adapter = entry.adapter
+    verifier = adapter.chain or adapter.greedy or adapter.tree or adapter.greedy_tree
     return verifier.__doc__ or ""
 
 
@@ -87,7 +93,7 @@ def test_default_audit_passes_lossless_control_with_exit_0(name: str) -> None:
     assert target.verdict is expected, flagged
 
 
-@pytest.mark.parametrize("name", list(MUTANTS))
+@pytest.mark.parametrize("name", CHAIN_OR_GREEDY)
 def test_mutant_case_shows_its_mechanism(name: str) -> None:
     """Each mutant's own case is one where it acts: on it the checks flag a lossy mutant as
     LOSSY (its law, acceptance or output differs from the reference's), and find no loss in
@@ -119,7 +125,9 @@ def test_zoo_has_fifteen_lossy_mutants_then_controls_with_unique_kebab_names() -
         assert entry.name == name
         assert re.fullmatch(r"[a-z0-9]+(-[a-z0-9.]+)*", name), name
         assert entry.adapter.name == MUTANT_PREFIX + name
-        assert (entry.adapter.chain is None) != (entry.adapter.greedy is None)
+        adapter = entry.adapter
+        protocols = (adapter.chain, adapter.greedy, adapter.tree, adapter.greedy_tree)
+        assert sum(verifier is not None for verifier in protocols) == 1
         assert entry.mechanism and "\n" not in entry.mechanism
 
 
