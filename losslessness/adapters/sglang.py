@@ -9,9 +9,11 @@ Targets:
 - ``sglang``: ``sglang.kernels.ops.speculative.reject_sampling.chain_speculative_sampling_triton``
   (Triton; :data:`CHAIN_PARAMETERS`), chain rejection sampling with stochastic drafts, and the
   greedy tree verifier ``sglang.kernels.ops.speculative.spec_tree.verify_tree_greedy_triton``
-  (:data:`GREEDY_PARAMETERS`) on a chain-shaped tree. On CUDA or, without CUDA, through
-  Triton's interpreter on CPU tensors (the adapter sets ``TRITON_INTERPRET=1`` before the
-  import).
+  (:data:`GREEDY_PARAMETERS`), twice: as the chain greedy verifier on a chain-shaped tree, and
+  as the greedy *tree* verifier (``greedy_tree``, :class:`SglangGreedyTreeVerifier`) on any
+  tree of the protocol, converted to SGLang's layout by :func:`sglang_tree_layout`. On CUDA
+  or, without CUDA, through Triton's interpreter on CPU tensors (the adapter sets
+  ``TRITON_INTERPRET=1`` before the import).
 - ``sglang-block``: the same chain kernel with ``block_verification=True`` (Sun et al. 2024,
   "Block verification accelerates speculative decoding", Alg. 2): lossless, and it accepts
   more than ``sum min(p, q)`` at positions >= 1. Its chain callable declares block
@@ -20,7 +22,18 @@ Targets:
   to the prefix bound every lossless verifier obeys (LOSSY above it) and to block
   verification's own exact acceptance (SUBOPTIMAL below it).
 - ``sglang-tree``: the CUDA tree sampler ``tree_speculative_sampling_target_only`` (sgl-kernel,
-  or ``sglang.kernels.ops.speculative.sampling`` in SGLang 0.5.x), GPU only (below).
+  or ``sglang.kernels.ops.speculative.sampling`` in SGLang 0.5.x), GPU only (below): as a chain
+  verifier (one-hot drafts) and as a tree verifier (:class:`SglangTreeTargetOnly`, draft scheme
+  ``top-k`` only).
+
+**Tree layout** (:func:`sglang_tree_layout`, SGLang's ``build_tree_kernel_efficient`` output):
+per row b, ``N+1`` slots, slot n holding node n of the protocol (slot 0 the root):
+``candidates[b, n]`` its token (0 at the root), ``retrive_index[b, n] = b*(N+1) + n`` its
+flat index into ``predicts`` and ``target_predict``, ``retrive_next_token[b, n]`` its first
+child and ``retrive_next_sibling[b, n]`` its next sibling (slots, -1 for none). The adapter
+orders siblings by node index, so "the first sibling that matches" is the protocol's
+lowest-index child. ``accept_index`` has ``D+1`` columns (D the batch's depth): the kernels
+walk at most D levels.
 
 **Chain kernel conventions** (``speculative_sampling_classic_kernel``): per row b, ``N = k+1``
 slots, slot 0 the root: ``candidates[b] = [0, d_0 .. d_{k-1}]`` int64, ``retrive_index[b, j] =
@@ -40,11 +53,29 @@ Output: ``accept_index[b, 0..m]`` the accepted slots (m = ``accept_token_num[b]`
 argmax at every slot, computed by the adapter with ``torch.argmax`` (as SGLang's worker does,
 ties to the lowest index); the kernel walks the chain while the draft equals it.
 
-**CUDA tree sampler** (``tree_speculative_sampling_target_only``, "target only"): accepts a
-child d with coin ``u <= p(d)``, which is rejection sampling for a *deterministic* draft
-(q = one-hot(d), EAGLE's top-1 chain); after a rejection it samples ``relu(p - q)`` with
-``draft_probs[d] = p(d)``. SGLang passes zeros as ``draft_probs``; so does the adapter, which
-requires one-hot draft rows (``requires_one_hot_draft = True``).
+**CUDA tree sampler** (``tree_speculative_sampling_target_only``, "target only";
+``sglang/kernels/jit/include/sgl_kernel/speculative/sampling.cuh``, kernel
+``TreeSpeculativeSamplingTargetOnly``): at the current node n it takes *one* coin
+``c = uniform_samples[b, n]`` and walks n's children in sibling order, accumulating their
+target mass ``P_i = p(d_1) + .. + p(d_i)``; it accepts the first child with ``p(d_i) > 0`` and
+``c < P_i`` (``threshold_acc = threshold_single = 1``), then moves there with that child's
+coin. A rejected child's ``draft_probs[n, d_i]`` is overwritten with ``p(d_i)``, so after all
+children are rejected the final token is drawn by inverse CDF (``uniform_samples_for_final_
+sampling[b]``) from ``relu(p - draft_probs)``: p with the rejected children zeroed. At a
+leaf (no child) the row of ``draft_probs`` is read as given (zeros from SGLang and from the
+adapter), so the bonus token follows p. The draft law q is never read: the kernel samples
+``y ~ p`` by inverse CDF over the children and accepts the child whose token is y. That is
+rejection sampling for *deterministic* drafts (q = one-hot, EAGLE's top-k trees): sibling d_i
+is accepted with probability ``p(d_i) / (1 - P_{i-1})`` after the earlier ones were
+rejected, exactly the protocol's ``top-k`` rule (:mod:`losslessness.reference.tree`). Its
+law is that rule's law, but it is not coupled with the reference (one coin per level, not one
+per child). It needs *distinct* sibling tokens: a repeated token is counted twice in
+``P_i`` (emitted with up to twice its mass), which the ``iid`` scheme allows; and it ignores
+q, so on ``without-replacement`` drafts it would accept less than the scheme's own verifier.
+The tree verifier therefore declares ``draft_schemes = ("top-k",)`` and refuses the others
+(:class:`~losslessness.protocol.InvalidInputError` naming ``draft_scheme``). As a chain
+verifier SGLang passes zeros as ``draft_probs``; so does the adapter, which requires one-hot
+draft rows (``requires_one_hot_draft = True``).
 """
 
 from __future__ import annotations
@@ -67,6 +98,7 @@ from losslessness.adapters.engines import (
     EngineSpec,
     engine_device,
     import_engine_module,
+    installed_version,
     mode_description,
     prepare_engine,
     require_interpreted,
@@ -76,8 +108,12 @@ from losslessness.adapters.engines import (
 from losslessness.protocol import (
     PLACEHOLDER,
     InvalidInputError,
+    TreeOutput,
+    tree_depths,
     validate_chain_inputs,
     validate_greedy_inputs,
+    validate_greedy_tree_inputs,
+    validate_tree_inputs,
 )
 from losslessness.reference import ChainUniforms
 from losslessness.reference.block import BLOCK_VERIFICATION
@@ -339,6 +375,194 @@ class SglangBlockSampler:
         return self.chain(target_probs, draft_probs, draft_token_ids, generator)
 
 
+def sglang_tree_layout(
+    parents: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The protocol's trees in SGLang's first-child / next-sibling layout.
+
+    Private to this adapter (a shared conversion may live in
+    ``losslessness.reference.tree_layouts``); the layout is the one SGLang's
+    ``build_tree_kernel_efficient`` builds and its verify kernels walk (module docstring).
+
+    Args:
+        parents: ``[B, N]`` int64, validated: ``parents[b, j]`` in ``[0, j]`` is the parent of
+            node ``j+1``.
+
+    Returns:
+        ``(retrive_index, retrive_next_token, retrive_next_sibling)``, each ``[B, N+1]`` int64
+        on ``parents``' device, slot n holding node n: ``retrive_index[b, n] = b*(N+1) + n``;
+        ``retrive_next_token[b, n]`` the lowest-index child of node n, -1 if none;
+        ``retrive_next_sibling[b, n]`` the next higher-index node with n's parent, -1 if none
+        (and -1 at the root).
+    """
+    batch, nodes = parents.shape
+    device = parents.device
+    parents = parents.long()
+    slots = nodes + 1
+    index = torch.arange(batch * slots, dtype=torch.int64, device=device).reshape(batch, slots)
+    none = torch.iinfo(torch.int64).max
+    node_ids = torch.arange(1, slots, dtype=torch.int64, device=device)
+    # child[b, n, j]: node j+1 is a child of node n.
+    child = parents.unsqueeze(1) == torch.arange(slots, device=device).view(1, slots, 1)
+    first = torch.where(child, node_ids, none).min(dim=2).values
+    next_token = torch.where(first == none, -1, first)
+    # later[b, i, j]: node j+1 is a later sibling of node i+1.
+    later = (parents.unsqueeze(2) == parents.unsqueeze(1)) & (
+        node_ids.view(1, 1, nodes) > node_ids.view(1, nodes, 1)
+    )
+    following = torch.where(later, node_ids, none).min(dim=2).values
+    sibling = torch.full((batch, slots), -1, dtype=torch.int64, device=device)
+    sibling[:, 1:] = torch.where(following == none, -1, following)
+    return index, next_token, sibling
+
+
+def _tree_emitted(
+    predicts: torch.Tensor, accept_index: torch.Tensor, accept_token_num: torch.Tensor
+) -> TreeOutput:
+    """The protocol's :class:`TreeOutput` from SGLang's accepted flat indices (``accept_index
+    [B, D+1]``, column 0 the root) and ``predicts [B*(N+1)]`` (the token emitted after each
+    accepted slot)."""
+    accepted = accept_token_num.to(torch.int64).cpu()
+    index = accept_index.to(torch.int64).cpu()
+    tokens = predicts.to(torch.int64).cpu()
+    batch, width = index.shape
+    slots = tokens.numel() // max(batch, 1)
+    positions = torch.arange(width).unsqueeze(0)
+    emitted = positions <= accepted.unsqueeze(1)
+    out = torch.full((batch, width), PLACEHOLDER, dtype=torch.int64)
+    out[emitted] = tokens[index.clamp(min=0)][emitted]
+    nodes = index[:, 1:] - torch.arange(batch).unsqueeze(1) * slots
+    on_path = positions[:, 1:] <= accepted.unsqueeze(1)
+    accepted_nodes = torch.where(on_path, nodes, PLACEHOLDER)
+    return TreeOutput(out, accepted_nodes)
+
+
+class SglangGreedyTreeVerifier(KernelVerifier):
+    """Greedy tree verifier calling ``verify_tree_greedy_triton`` on the protocol's trees
+    (:class:`~losslessness.protocol.GreedyTreeVerifier`).
+
+    The trees go to SGLang's layout by :func:`sglang_tree_layout`; ``target_predict [B, N+1]``
+    is ``torch.argmax`` of the logits at every node, as SGLang's EAGLE worker computes it
+    (ties to the lowest index, ``-inf`` masked tokens never chosen unless the row is all
+    ``-inf``, which validation refuses).
+
+    Args:
+        function: the kernel wrapper.
+        device: where the tensors live (``cpu`` under the interpreter, else ``cuda``).
+    """
+
+    def __call__(
+        self, target_logits: torch.Tensor, parents: torch.Tensor, token_ids: torch.Tensor
+    ) -> TreeOutput:
+        """One greedy tree verification step; :class:`TreeOutput` (tokens ``[B, D+1]``,
+        accepted nodes ``[B, D]``, int64 on CPU).
+
+        Raises:
+            InvalidInputError: see :func:`losslessness.protocol.validate_greedy_tree_inputs`.
+        """
+        batch, nodes, _ = validate_greedy_tree_inputs(target_logits, parents, token_ids)
+        device, slots = self.device, nodes + 1
+        tree = parents.long().cpu()
+        depth = int(tree_depths(tree).max())
+        index, next_token, sibling = sglang_tree_layout(tree)
+        candidates = torch.zeros((batch, slots), dtype=torch.int64)
+        candidates[:, 1:] = token_ids.long().cpu()
+        target_predict = target_logits.argmax(dim=-1).to(torch.int64)
+        predicts = torch.full((batch * slots,), PLACEHOLDER, dtype=torch.int64, device=device)
+        accept_index = torch.full(
+            (batch, depth + 1), PLACEHOLDER, dtype=torch.int64, device=device
+        )
+        accept_token_num = torch.zeros(batch, dtype=torch.int64, device=device)
+        self.function(
+            predicts,
+            accept_index,
+            accept_token_num,
+            candidates.to(device),
+            index.to(device),
+            next_token.to(device),
+            sibling.to(device),
+            target_predict.to(device).contiguous(),
+        )
+        return _tree_emitted(predicts, accept_index, accept_token_num)
+
+
+class SglangTreeTargetOnly(KernelVerifier):
+    """Tree verifier calling ``tree_speculative_sampling_target_only`` (CUDA) on the
+    protocol's trees (:class:`~losslessness.protocol.TreeVerifier`), draft scheme ``top-k``
+    only.
+
+    The kernel's conventions and why it supports deterministic (top-k) siblings only are in
+    the module docstring. Randomness: ``B*(N+1)`` coins (``torch.rand`` float32 on the
+    generator's device; column n picks among node n's children) then ``B`` final uniforms;
+    not coupled with the reference.
+
+    Args:
+        function: the kernel wrapper.
+        device: the CUDA device.
+    """
+
+    draft_schemes: tuple[str, ...] = ("top-k",)
+    """The draft schemes whose inputs this verifier accepts; others raise InvalidInputError."""
+
+    def __call__(
+        self,
+        target_probs: torch.Tensor,
+        draft_probs: torch.Tensor,
+        parents: torch.Tensor,
+        token_ids: torch.Tensor,
+        draft_scheme: str,
+        generator: torch.Generator,
+    ) -> TreeOutput:
+        """One tree verification step; :class:`TreeOutput` int64 on CPU.
+
+        Raises:
+            InvalidInputError: see :func:`losslessness.protocol.validate_tree_inputs`, or a
+                draft scheme other than ``top-k`` (the reason names what goes wrong).
+        """
+        batch, nodes, vocab = validate_tree_inputs(
+            target_probs, draft_probs, parents, token_ids, draft_scheme, generator
+        )
+        if draft_scheme not in self.draft_schemes:
+            raise InvalidInputError(
+                "draft_scheme",
+                f"{draft_scheme!r} is not supported: SGLang's tree_speculative_sampling_"
+                "target_only ignores q and accepts a child with the target's cumulative "
+                "mass over its siblings (rejection sampling for deterministic drafts): "
+                "repeated sibling tokens ('iid') are counted twice, and sampled siblings "
+                "would be verified without their draft law; it supports 'top-k' only",
+            )
+        device, slots = self.device, nodes + 1
+        tree = parents.long().cpu()
+        depth = int(tree_depths(tree).max())
+        index, next_token, sibling = sglang_tree_layout(tree)
+        candidates = torch.zeros((batch, slots), dtype=torch.int64)
+        candidates[:, 1:] = token_ids.long().cpu()
+        coins = torch.rand((batch, slots), generator=generator, device=generator.device)
+        final = torch.rand((batch,), generator=generator, device=generator.device)
+        predicts = torch.full((batch * slots,), PLACEHOLDER, dtype=torch.int32, device=device)
+        accept_index = torch.full(
+            (batch, depth + 1), PLACEHOLDER, dtype=torch.int32, device=device
+        )
+        accept_token_num = torch.zeros(batch, dtype=torch.int32, device=device)
+        self.function(
+            predicts,
+            accept_index,
+            accept_token_num,
+            candidates.to(device),
+            index.to(device),
+            next_token.to(device),
+            sibling.to(device),
+            coins.to(device, torch.float32).contiguous(),
+            final.to(device, torch.float32).contiguous(),
+            target_probs.to(device, torch.float32).contiguous(),
+            torch.zeros((batch, slots, vocab), dtype=torch.float32, device=device),
+            threshold_single=1.0,
+            threshold_acc=1.0,
+            deterministic=True,
+        )
+        return _tree_emitted(predicts, accept_index, accept_token_num)
+
+
 class SglangGreedyVerifier(KernelVerifier):
     """Greedy verifier calling ``verify_tree_greedy_triton`` on a chain-shaped tree.
 
@@ -395,6 +619,7 @@ def _triton_adapter(name: str, block_verification: bool) -> Adapter:
     )
     device = engine_device()
     greedy = None
+    greedy_tree = None
     what = "chain_speculative_sampling_triton"
     if not block_verification:
         tree = import_engine_module(SGLANG, version, "sglang.kernels.ops.speculative.spec_tree")
@@ -409,7 +634,12 @@ def _triton_adapter(name: str, block_verification: bool) -> Adapter:
             SGLANG, version, greedy_function, "verify_tree_greedy_triton", GREEDY_PARAMETERS
         )
         greedy = SglangGreedyVerifier(greedy_function, device)
-        what += " and verify_tree_greedy_triton (chain-shaped tree, argmax by torch.argmax)"
+        greedy_tree = SglangGreedyTreeVerifier(greedy_function, device)
+        what += (
+            " and verify_tree_greedy_triton (greedy chain as a chain-shaped tree, and greedy "
+            "tree verification on any tree in SGLang's first-child/next-sibling layout; "
+            "argmax by torch.argmax)"
+        )
     else:
         what += (
             " with block_verification=True (Sun et al. 2024; declared as block verification: "
@@ -431,11 +661,12 @@ def _triton_adapter(name: str, block_verification: bool) -> Adapter:
             else SglangChainSampler(chain_function, device, block_verification=False)
         ),
         greedy=greedy,
+        greedy_tree=greedy_tree,
     )
 
 
 def adapter() -> Adapter:
-    """The ``sglang`` target: Triton chain sampling and greedy tree verification.
+    """The ``sglang`` target: Triton chain sampling, greedy chain and greedy tree verification.
 
     Raises:
         AdapterUnavailable: SGLang or Triton missing, an API that differs from SGLang 0.5.23's,
@@ -455,21 +686,28 @@ def block_adapter() -> Adapter:
 
 
 def tree_adapter(device: str = "cuda") -> Adapter:
-    """The ``sglang-tree`` target: the CUDA tree sampler (GPU only).
+    """The ``sglang-tree`` target: the CUDA tree sampler (GPU only), as a chain verifier
+    (one-hot drafts) and a tree verifier (draft scheme ``top-k``).
+
+    Without CUDA nothing of SGLang is imported (an import here would decorate SGLang's Triton
+    kernels for the GPU and spoil the ``sglang`` target's interpreter in the same process).
 
     Raises:
-        AdapterUnavailable: neither sgl-kernel nor SGLang's JIT kernel is installed, CUDA
-            missing, or a different signature.
+        AdapterUnavailable: neither sgl-kernel nor SGLang is installed (with the install
+            command), CUDA missing, or a different signature.
     """
-    try:
-        module = import_optional("sgl_kernel", "sgl-kernel")
-        version = getattr(module, "__version__", "unknown")
-        package = "sgl-kernel"
-    except AdapterUnavailable:
-        module = import_optional("sglang.kernels.ops.speculative.sampling", "sglang")
-        version = str(getattr(import_optional("sglang", "sglang"), "__version__", "unknown"))
-        package = "sglang"
+    if installed_version("sgl-kernel") is not None:
+        module_name, package = "sgl_kernel", "sgl-kernel"
+    elif installed_version("sglang") is not None:
+        module_name, package = "sglang.kernels.ops.speculative.sampling", "sglang"
+    else:
+        raise AdapterUnavailable(
+            "neither sgl-kernel nor sglang is installed; install SGLang with: "
+            f"{SGLANG.install} (the tree sampler needs CUDA)"
+        )
+    version = installed_version(package) or "unknown"
     require_cuda(f"{package}'s tree_speculative_sampling_target_only is CUDA only")
+    module = import_optional(module_name, package)
     function = getattr(module, "tree_speculative_sampling_target_only", None)
     if function is None:
         raise AdapterUnavailable(
@@ -483,7 +721,10 @@ def tree_adapter(device: str = "cuda") -> Adapter:
         )
     return Adapter(
         name="sglang-tree",
-        description=f"{package} {version} tree_speculative_sampling_target_only on {device}, "
-        "chain as a degenerate tree, one-hot drafts only, float32 probabilities",
+        description=f"{package} {version} tree_speculative_sampling_target_only on {device}: "
+        "chain as a degenerate tree with one-hot drafts, and trees in SGLang's "
+        "first-child/next-sibling layout with draft scheme top-k only (the kernel ignores q); "
+        "float32 probabilities; not coupled (one coin per tree level)",
         chain=SglangTreeSampler(function, device),
+        tree=SglangTreeTargetOnly(function, device),
     )

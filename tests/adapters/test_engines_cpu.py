@@ -212,3 +212,104 @@ def test_vllm_synthetic_mode_accepts_drafts_the_target_never_emits() -> None:
     drafts = torch.zeros(16, 1, dtype=torch.int64)
     out = chain(target, draft, drafts, torch.Generator().manual_seed(9))
     assert bool((out[:, 0] == 0).any())
+
+
+def _random_parents(batch: int, nodes: int, generator: torch.Generator) -> torch.Tensor:
+    """``[batch, nodes]`` random trees: node j+1's parent uniform in ``[0, j]``."""
+    limits = torch.arange(1, nodes + 1, dtype=torch.float64)
+    draws = torch.rand((batch, nodes), generator=generator, dtype=torch.float64)
+    return (draws * limits).floor().to(torch.int64)
+
+
+def test_sglang_tree_layout_walks_back_to_every_nodes_children_in_index_order() -> None:
+    """Walking SGLang's first-child / next-sibling arrays from every node lists exactly its
+    children, in increasing node index (the protocol's sibling order), on 40 random trees;
+    retrive_index is the flat slot b*(N+1) + n."""
+    from losslessness.adapters.sglang import sglang_tree_layout
+
+    parents = _random_parents(40, 9, torch.Generator().manual_seed(11))
+    index, first_child, next_sibling = sglang_tree_layout(parents)
+    batch, slots = index.shape
+    assert torch.equal(index, torch.arange(batch * slots).reshape(batch, slots))
+    assert bool((next_sibling[:, 0] == -1).all())
+    for b in range(batch):
+        for node in range(slots):
+            walked = []
+            child = int(first_child[b, node])
+            while child != -1:
+                walked.append(child)
+                child = int(next_sibling[b, child])
+            expected = [j + 1 for j in range(slots - 1) if int(parents[b, j]) == node]
+            assert walked == expected, (b, node)
+
+
+def _top_k_inputs() -> tuple[torch.Tensor, ...]:
+    """Two trees (a root with two children) whose distinct siblings are the top-2 of q, valid
+    under every draft scheme."""
+    target = torch.full((2, 3, 4), 0.25, dtype=torch.float64)
+    draft = torch.tensor([0.4, 0.3, 0.2, 0.1], dtype=torch.float64).repeat(2, 3, 1)
+    parents = torch.zeros((2, 2), dtype=torch.int64)
+    tokens = torch.tensor([[0, 1], [0, 1]])
+    return target, draft, parents, tokens
+
+
+@pytest.mark.parametrize("scheme", ["iid", "without-replacement"])
+def test_sglang_target_only_tree_sampler_refuses_schemes_other_than_top_k(scheme: str) -> None:
+    """SGLang's target-only tree sampler ignores q (rejection sampling for deterministic
+    drafts), so the tree verifier declares draft scheme top-k only and refuses the others with
+    the reason, before any kernel call."""
+    from losslessness.adapters.sglang import SglangTreeTargetOnly
+    from losslessness.protocol import InvalidInputError
+
+    verifier = SglangTreeTargetOnly(_never_called, torch.device("cpu"))
+    assert verifier.draft_schemes == ("top-k",)
+    with pytest.raises(InvalidInputError, match=r"draft_scheme.*ignores q.*'top-k' only"):
+        verifier(*_top_k_inputs(), scheme, torch.Generator().manual_seed(0))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available: the sampler loads")
+def test_sglang_tree_target_is_unavailable_without_cuda_with_the_reason() -> None:
+    """Without CUDA the sglang-tree target is UNAVAILABLE saying why: CUDA missing when
+    SGLang is installed, else the command that installs it."""
+    from losslessness.adapters.sglang import tree_adapter
+
+    with pytest.raises(AdapterUnavailable, match=r"CUDA is not available|pip install"):
+        tree_adapter()
+
+
+def _greedy_tree_case(seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """48 random trees of 10 nodes over V = 5 with repeated sibling tokens, tied logits
+    (integers in [0, 3)), masked (-inf) tokens, and drafts that mostly follow the argmax so
+    greedy paths go deep."""
+    generator = torch.Generator().manual_seed(seed)
+    batch, nodes, vocab = 48, 10, 5
+    parents = _random_parents(batch, nodes, generator)
+    logits = torch.randint(0, 3, (batch, nodes + 1, vocab), generator=generator).double()
+    masked = torch.rand((batch, nodes + 1, vocab), generator=generator) < 0.25
+    masked[..., 0] = False  # never a whole row
+    logits = logits.masked_fill(masked, float("-inf"))
+    best = logits.argmax(dim=-1)
+    follow = best.gather(1, parents)
+    other = torch.randint(0, vocab, (batch, nodes), generator=generator)
+    tokens = torch.where(torch.rand((batch, nodes), generator=generator) < 0.7, follow, other)
+    return logits, parents, tokens
+
+
+@needs_sglang
+@pytest.mark.parametrize("seed", [12, 13])
+def test_sglang_greedy_tree_verifier_equals_reference_tree_greedy(seed: int) -> None:
+    """SGLang's real verify_tree_greedy Triton kernel, on random trees converted to its
+    first-child / next-sibling layout, emits the reference's tokens and accepted nodes
+    (lowest-index child among repeated sibling tokens, lowest-index argmax among tied logits,
+    masked tokens never chosen)."""
+    from losslessness.adapters.sglang import adapter
+    from losslessness.reference.tree import verify_tree_greedy
+
+    greedy_tree = adapter().greedy_tree
+    assert greedy_tree is not None
+    logits, parents, tokens = _greedy_tree_case(seed)
+    out = greedy_tree(logits, parents, tokens)
+    expected = verify_tree_greedy(logits, parents, tokens)
+    assert bool((expected.accepted_nodes[:, 1] >= 0).any())  # some paths are two deep
+    assert torch.equal(out.tokens, expected.tokens)
+    assert torch.equal(out.accepted_nodes, expected.accepted_nodes)
