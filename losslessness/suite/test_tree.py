@@ -6,9 +6,11 @@ equality with :func:`losslessness.reference.tree.verify_tree_greedy`."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 
 from losslessness.cases import GreedyTreeCase, TreeCase
+from losslessness.protocol import GreedyTreeVerifier, TreeVerifier
 from losslessness.pytest_plugin import SuiteTarget
 from losslessness.suite.tree_support import (
     greedy_tree_failure,
@@ -18,26 +20,41 @@ from losslessness.suite.tree_support import (
 )
 
 
+# Resolved once, before Hypothesis runs: a missing option skips and a bad target stops the run
+# at setup instead of failing (and being shrunk) inside every example.
+@pytest.fixture(scope="module")
+def tree_verifier(losslessness_target: SuiteTarget) -> TreeVerifier:
+    """The ``--losslessness-tree`` verifier."""
+    return losslessness_target.tree()
+
+
+@pytest.fixture(scope="module")
+def greedy_tree_verifier(losslessness_target: SuiteTarget) -> GreedyTreeVerifier:
+    """The ``--losslessness-tree-greedy`` verifier."""
+    return losslessness_target.greedy_tree()
+
+
 @settings(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(case=suite_tree_cases())
-def test_tree_verifier_is_lossless(case: TreeCase, losslessness_target: SuiteTarget) -> None:
+def test_tree_verifier_is_lossless(
+    case: TreeCase, tree_verifier: TreeVerifier, losslessness_target: SuiteTarget
+) -> None:
     """Outputs are root paths of the tree with their tokens and -1 padding; the first emitted
     token follows p at the root and the token after each reached depth-1 class follows its p,
     for every draft scheme, topology and regime of p and q."""
-    run_tree_example(
-        losslessness_target.tree(), case, losslessness_target.replay("test_tree_verifier")
-    )
+    run_tree_example(tree_verifier, case, losslessness_target.replay("test_tree_verifier"))
 
 
 @settings(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(case=suite_greedy_tree_cases())
 def test_greedy_tree_verifier_equals_reference(
-    case: GreedyTreeCase, losslessness_target: SuiteTarget
+    case: GreedyTreeCase, greedy_tree_verifier: GreedyTreeVerifier,
+    losslessness_target: SuiteTarget,
 ) -> None:
     """The target's greedy tree output equals the reference's, with exact ties at the maximum
     (lowest index wins), -inf masks and duplicate sibling tokens (lowest-index child wins)."""
     message = greedy_tree_failure(
-        losslessness_target.greedy_tree(), case,
+        greedy_tree_verifier, case,
         losslessness_target.replay("test_greedy_tree_verifier"),
     )
     assert message is None, message
