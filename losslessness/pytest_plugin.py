@@ -4,11 +4,15 @@ Registered under the ``pytest11`` entry point, so installing losslessness makes 
 available to every pytest run::
 
     pytest --losslessness-target=pkg.module:verify [--losslessness-greedy=pkg.module:fn]
+           [--losslessness-tree=pkg.module:fn] [--losslessness-tree-greedy=pkg.module:fn]
            [--losslessness-profile=ci]
 
-With either target option the suite's test modules (:mod:`losslessness.suite`) join the
-collection; without one, the plugin does nothing. Targets resolve like ``losslessness audit``
-targets (registered adapter names work too). torch and the library are imported only when a
+With ``--losslessness-target`` or ``--losslessness-greedy`` the chain and greedy test modules
+(:mod:`losslessness.suite`) join the collection, with ``--losslessness-tree`` or
+``--losslessness-tree-greedy`` the tree module; without any, the plugin does nothing. A tree
+target is a tree verifier function, an :class:`~losslessness.adapters.Adapter` (its ``tree``
+or ``greedy_tree``), a registered adapter name or ``mutant/tree-<name>``. Targets resolve like
+``losslessness audit`` targets (registered adapter names work too). torch and the library are imported only when a
 target is used, so the plugin costs nothing in unrelated pytest runs.
 """
 
@@ -22,10 +26,13 @@ import pytest
 
 if TYPE_CHECKING:
     from losslessness.adapters import Adapter
-    from losslessness.protocol import GreedyVerifier
+    from losslessness.protocol import GreedyTreeVerifier, GreedyVerifier, TreeVerifier
 
 SUITE_DIRECTORY = Path(__file__).parent / "suite"
 SUITE_MODULES = ("test_chain.py", "test_greedy.py")
+"""Modules collected with ``--losslessness-target`` or ``--losslessness-greedy``."""
+TREE_SUITE_MODULES = ("test_tree.py",)
+"""Modules collected with ``--losslessness-tree`` or ``--losslessness-tree-greedy``."""
 
 
 @dataclass(frozen=True)
@@ -36,11 +43,15 @@ class SuiteTarget:
         chain_name: ``--losslessness-target``, or None.
         greedy_name: ``--losslessness-greedy``, or None.
         profile: ``--losslessness-profile``, or None (then the environment variable decides).
+        tree_name: ``--losslessness-tree``, or None.
+        greedy_tree_name: ``--losslessness-tree-greedy``, or None.
     """
 
     chain_name: str | None
     greedy_name: str | None
     profile: str | None
+    tree_name: str | None = None
+    greedy_tree_name: str | None = None
 
     def _resolve(self, name: str | None, greedy: bool, option: str) -> Adapter:
         from losslessness.adapters import AdapterNotFound, AdapterUnavailable, resolve_adapter
@@ -67,6 +78,38 @@ class SuiteTarget:
         assert adapter.greedy is not None
         return adapter.greedy
 
+    def _resolve_tree(self, name: str | None, greedy: bool, option: str) -> object:
+        from losslessness.adapters import (
+            Adapter,
+            AdapterNotFound,
+            AdapterUnavailable,
+            load_callable,
+            resolve_adapter,
+        )
+
+        if name is None:
+            pytest.skip(f"no {option} given")
+        kind = "greedy tree" if greedy else "tree"
+        try:
+            loaded = load_callable(name) if ":" in name else resolve_adapter(name)
+        except (AdapterNotFound, AdapterUnavailable) as error:
+            raise pytest.UsageError(f"{option}={name}: {error}") from error
+        if isinstance(loaded, Adapter):
+            loaded = loaded.greedy_tree if greedy else loaded.tree
+        if not callable(loaded):
+            raise pytest.UsageError(f"{option}={name}: has no {kind} verifier")
+        return loaded
+
+    def tree(self) -> TreeVerifier:
+        """The tree sampling verifier (skips the test when none was given)."""
+        verifier = self._resolve_tree(self.tree_name, False, "--losslessness-tree")
+        return verifier  # type: ignore[return-value]
+
+    def greedy_tree(self) -> GreedyTreeVerifier:
+        """The greedy tree verifier (skips the test when none was given)."""
+        verifier = self._resolve_tree(self.greedy_tree_name, True, "--losslessness-tree-greedy")
+        return verifier  # type: ignore[return-value]
+
     def replay(self, test_name: str) -> str:
         """One command line that reruns ``test_name`` on the same targets and profile."""
         parts = ["pytest"]
@@ -74,13 +117,18 @@ class SuiteTarget:
             parts.append(f"--losslessness-target={self.chain_name}")
         if self.greedy_name:
             parts.append(f"--losslessness-greedy={self.greedy_name}")
+        if self.tree_name:
+            parts.append(f"--losslessness-tree={self.tree_name}")
+        if self.greedy_tree_name:
+            parts.append(f"--losslessness-tree-greedy={self.greedy_tree_name}")
         parts.append(f"--losslessness-profile={self.profile or 'ci'}")
         parts.append(f"-k {test_name}")
         return " ".join(parts)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    """Add ``--losslessness-target``, ``--losslessness-greedy`` and ``--losslessness-profile``."""
+    """Add ``--losslessness-target``, ``--losslessness-greedy``, ``--losslessness-tree``,
+    ``--losslessness-tree-greedy`` and ``--losslessness-profile``."""
     from strategies.profiles import add_profile_option
 
     group = parser.getgroup("losslessness", "losslessness property suite")
@@ -96,6 +144,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=None,
         help="run the property suite on this greedy verifier",
     )
+    group.addoption(
+        "--losslessness-tree",
+        metavar="PKG.MODULE:CALLABLE",
+        default=None,
+        help="run the tree property suite on this tree (multi-draft) sampling verifier",
+    )
+    group.addoption(
+        "--losslessness-tree-greedy",
+        metavar="PKG.MODULE:CALLABLE",
+        default=None,
+        help="run the tree property suite on this greedy tree verifier",
+    )
     add_profile_option(parser)
 
 
@@ -104,11 +164,15 @@ def pytest_configure(config: pytest.Config) -> None:
     from strategies.profiles import configure_profile
 
     configure_profile(config)
+    modules: list[str] = []
     if config.getoption("losslessness_target") or config.getoption("losslessness_greedy"):
-        for module in SUITE_MODULES:
-            path = str(SUITE_DIRECTORY / module)
-            if path not in config.args:
-                config.args.append(path)
+        modules += SUITE_MODULES
+    if config.getoption("losslessness_tree") or config.getoption("losslessness_tree_greedy"):
+        modules += TREE_SUITE_MODULES
+    for module in modules:
+        path = str(SUITE_DIRECTORY / module)
+        if path not in config.args:
+            config.args.append(path)
 
 
 @pytest.fixture(scope="session")
@@ -119,4 +183,6 @@ def losslessness_target(request: pytest.FixtureRequest) -> SuiteTarget:
         config.getoption("losslessness_target"),
         config.getoption("losslessness_greedy"),
         config.getoption("losslessness_profile", default=None),
+        tree_name=config.getoption("losslessness_tree"),
+        greedy_tree_name=config.getoption("losslessness_tree_greedy"),
     )

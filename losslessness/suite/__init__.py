@@ -2,7 +2,9 @@
 
 ``pytest --losslessness-target=pkg.module:verify [--losslessness-greedy=pkg.module:fn]`` (the
 plugin in :mod:`losslessness.pytest_plugin`) collects the test modules of this package and runs
-them against that target. Hypothesis chooses the cases from :mod:`strategies`; the samples of a
+them against that target; ``--losslessness-tree=pkg.module:fn`` (a tree verifier) and
+``--losslessness-tree-greedy=pkg.module:fn`` (a greedy tree verifier) add the tree module
+(``test_tree.py``). Hypothesis chooses the cases from :mod:`strategies`; the samples of a
 case come from generators seeded from the case's content hash, so a failure replays exactly.
 
 Statistical soundness under Hypothesis
@@ -12,9 +14,11 @@ paths, and after a failure the shrinker re-runs variations of the failing case. 
 false-alarm rate does not rely on their independence:
 
 - the *budget* is a union bound. The suite makes at most ``max_examples`` generated examples
-  per test (the active profile's), each with a fixed maximum number of statistical assertions;
-  Bonferroni splits the family-wise rate :data:`SUITE_FAMILY_WISE_ALPHA` over
-  ``max_examples x assertions``, which holds under any dependence between the examples, however
+  per test (the active profile's), each with a fixed maximum number of statistical assertions
+  (:data:`CHAIN_ASSERTIONS_PER_EXAMPLE` for the chain test, :data:`TREE_ASSERTIONS_PER_EXAMPLE`
+  for the tree test); Bonferroni splits the family-wise rate :data:`SUITE_FAMILY_WISE_ALPHA`
+  over ``max_examples x`` their sum (:data:`SUITE_ASSERTIONS_PER_EXAMPLE`), whichever of the
+  two tests a run collects, which holds under any dependence between the examples, however
   Hypothesis picked them;
 - each *assertion* is valid whatever case it is given: given the case, its samples come from a
   generator seeded by the case's hash, independent of how the case was chosen, so the
@@ -33,7 +37,10 @@ from losslessness.suite.support import (
     MAX_VOCAB,
     SMALL_VOCAB,
     STEPS_PER_ROW,
+    SUITE_ASSERTIONS_PER_EXAMPLE,
     SUITE_FAMILY_WISE_ALPHA,
+    TREE_ASSERTIONS_PER_EXAMPLE,
+    TREE_LAW_CLASSES,
     SuiteBudget,
     suite_budget,
 )
@@ -45,7 +52,10 @@ __all__ = [
     "MAX_VOCAB",
     "SMALL_VOCAB",
     "STEPS_PER_ROW",
+    "SUITE_ASSERTIONS_PER_EXAMPLE",
     "SUITE_FAMILY_WISE_ALPHA",
+    "TREE_ASSERTIONS_PER_EXAMPLE",
+    "TREE_LAW_CLASSES",
     "SuiteBudget",
     "suite_budget",
 ]

@@ -50,6 +50,19 @@ CHAIN_ASSERTIONS_PER_EXAMPLE = MAX_BATCH * ((MAX_K + 1) + MAX_K + 1)
 """Statistical assertions one chain example makes at most: per row type, an identity test per
 position (k+1), an acceptance test per draft position (k) and one independence test."""
 
+TREE_LAW_CLASSES = 8
+"""Most depth-1 classes (distinct tokens of the first accepted node) whose next-token law one
+tree example tests, the most reached first."""
+
+TREE_ASSERTIONS_PER_EXAMPLE = 1 + TREE_LAW_CLASSES
+"""Statistical assertions one tree example makes at most: the law of the first token at the
+root and the law after each of at most :data:`TREE_LAW_CLASSES` depth-1 classes."""
+
+SUITE_ASSERTIONS_PER_EXAMPLE = CHAIN_ASSERTIONS_PER_EXAMPLE + TREE_ASSERTIONS_PER_EXAMPLE
+"""Statistical assertions of one example of every statistical suite test (chain and tree): the
+union bound splits :data:`SUITE_FAMILY_WISE_ALPHA` over ``max_examples`` times this, whichever
+targets a run names, so a run with both a chain and a tree target stays within the budget."""
+
 
 @dataclass(frozen=True)
 class SuiteBudget:
@@ -58,7 +71,7 @@ class SuiteBudget:
     Attributes:
         profile: the settings profile's name.
         max_examples: generated examples per test.
-        assertions: ``max_examples * CHAIN_ASSERTIONS_PER_EXAMPLE``.
+        assertions: ``max_examples * SUITE_ASSERTIONS_PER_EXAMPLE`` (chain and tree tests).
         per_assertion_alpha: ``SUITE_FAMILY_WISE_ALPHA / assertions`` (Bonferroni).
     """
 
@@ -71,7 +84,7 @@ class SuiteBudget:
 def suite_budget() -> SuiteBudget:
     """The budget for the profile loaded now (call it after the profile is loaded)."""
     max_examples = int(settings().max_examples)
-    assertions = max_examples * CHAIN_ASSERTIONS_PER_EXAMPLE
+    assertions = max_examples * SUITE_ASSERTIONS_PER_EXAMPLE
     profile = str(getattr(settings, "_current_profile", None) or "default")
     return SuiteBudget(profile, max_examples, assertions, SUITE_FAMILY_WISE_ALPHA / assertions)
 

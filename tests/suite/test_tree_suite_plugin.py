@@ -1,0 +1,101 @@
+"""The tree property suite run as a user runs it (a pytest subprocess): the reference tree
+verifiers pass; a tree verifier that judges siblings against p instead of the residual, and a
+greedy one taking its final token from the parent, fail with the check, a small shrunk tree
+and a one-line replay command."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from losslessness.suite.tree_support import TREE_SMALL_VOCAB
+
+ROOT = Path(__file__).resolve().parents[2]
+WRONG_TREE = "tests.wrong_tree_verifiers:siblings_judged_against_p"
+WRONG_GREEDY_TREE = "tests.wrong_tree_verifiers:greedy_final_from_parent"
+
+
+def run_suite(*options: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """pytest from an empty directory with the repository on PYTHONPATH (for
+    ``tests.wrong_tree_verifiers``); one torch thread, as the 2-core machine is shared."""
+    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", *options]
+    environment = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    environment.pop("LOSSLESSNESS_HYPOTHESIS_PROFILE", None)
+    return subprocess.run(
+        command, cwd=cwd, env=environment, capture_output=True, text=True, timeout=900
+    )
+
+
+def test_tree_suite_passes_on_the_reference(tmp_path: Path) -> None:
+    """``--losslessness-tree`` and ``--losslessness-tree-greedy`` on the reference collect only
+    the tree module and pass (ci profile)."""
+    result = run_suite(
+        "--losslessness-profile=ci",
+        "--losslessness-tree=losslessness.reference.tree:verify_tree",
+        "--losslessness-tree-greedy=losslessness.reference.tree:verify_tree_greedy",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "2 passed" in result.stdout and "skipped" not in result.stdout
+
+
+@pytest.fixture(scope="module")
+def wrong_run(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The suite's output on both wrong tree verifiers (one run, ci profile)."""
+    result = run_suite(
+        "--losslessness-profile=ci",
+        f"--losslessness-tree={WRONG_TREE}",
+        f"--losslessness-tree-greedy={WRONG_GREEDY_TREE}",
+        cwd=tmp_path_factory.mktemp("wrong-tree"),
+    )
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "2 failed" in result.stdout, result.stdout
+    return result.stdout
+
+
+def test_suite_fails_on_siblings_judged_against_p_with_a_shrunk_tree(wrong_run: str) -> None:
+    """The law check fails; the message shows a shrunk multi-draft tree (a node with two or
+    three children, V at most TREE_SMALL_VOCAB + 1), p, q, the seed and a replay line."""
+    match = re.search(
+        r"losslessness: LOSSY tree\.law (?:at the root|after a depth-1 node with token \d+) "
+        r"\((\w+) N=(\d+) D=(\d+) V=(\d+) ([\w-]+)\)\n[E ]*tree: parents \[([\d, ]+)\]",
+        wrong_run,
+    )
+    assert match, wrong_run
+    shape, nodes, _, vocab, scheme, parents = match.groups()
+    print(f"siblings_judged_against_p: shrunk to {shape} parents [{parents}] V={vocab} {scheme}")
+    assert 2 <= int(nodes) <= 3 and int(vocab) <= TREE_SMALL_VOCAB + 1
+    assert re.search(r"seed \d+ \(derived from the case hash [0-9a-f]{12}\)", wrong_run)
+    assert f"replay: pytest --losslessness-tree={WRONG_TREE} " in wrong_run
+    assert "-k test_tree_verifier" in wrong_run
+
+
+def test_suite_fails_on_greedy_final_from_parent_with_a_shrunk_tree(wrong_run: str) -> None:
+    """The greedy equality fails on one small tree (B = 1, at most 3 nodes), showing the tree,
+    the logits, expected and obtained tokens, and a replay line."""
+    match = re.search(
+        r"losslessness: LOSSY tree\.greedy \((\w+) N=(\d+) D=(\d+) V=(\d+) B=(\d+)\)\n"
+        r"[E ]*tree: parents \[([\d, ]+)\]",
+        wrong_run,
+    )
+    assert match, wrong_run
+    shape, nodes, _, vocab, batch, parents = match.groups()
+    print(f"greedy_final_from_parent: shrunk to {shape} parents [{parents}] V={vocab} B={batch}")
+    assert 1 <= int(nodes) <= 3 and int(batch) == 1
+    assert re.search(r"expected tokens \[.*\]\n[E ]*got tokens \[", wrong_run)
+    assert "-k test_greedy_tree_verifier" in wrong_run
+
+
+def test_tree_target_without_a_tree_verifier_is_a_usage_error(tmp_path: Path) -> None:
+    """A tree option naming something that is not callable stops the run with the option
+    named."""
+    result = run_suite("--losslessness-tree=losslessness.protocol:DRAFT_SCHEMES", cwd=tmp_path)
+    assert result.returncode != 0
+    assert "--losslessness-tree=losslessness.protocol:DRAFT_SCHEMES" in (
+        result.stdout + result.stderr
+    )
