@@ -221,7 +221,9 @@ def from_sglang(
     sibling = _int_matrix("retrive_next_sibling", retrive_next_sibling)
     batch, width = tokens.shape
     if width < 2:
-        raise InvalidInputError("candidates", f"needs the root and >= 1 drafted slot, got T={width}")
+        raise InvalidInputError(
+            "candidates", f"needs the root and >= 1 drafted slot, got T={width}"
+        )
     for name, tensor in (
         ("retrive_index", index),
         ("retrive_next_token", first),
@@ -238,7 +240,8 @@ def from_sglang(
     for name, tensor in (("retrive_next_token", first), ("retrive_next_sibling", sibling)):
         if bool(((tensor < PLACEHOLDER) | (tensor >= width) | (tensor == 0)).any()):
             raise InvalidInputError(
-                name, f"entries must be -1 or a non-root slot in [1, {width}), got {tensor.tolist()}"
+                name,
+                f"entries must be -1 or a non-root slot in [1, {width}), got {tensor.tolist()}",
             )
     if bool((sibling[:, 0] != PLACEHOLDER).any()):
         raise InvalidInputError("retrive_next_sibling", "the root (slot 0) cannot have a sibling")
@@ -410,7 +413,9 @@ def parents_to_tree_choices(
     bad = (tree < 0) | (tree >= torch.arange(1, nodes + 1))
     if bool(bad.any()):
         j = int(torch.nonzero(bad)[0, 0])
-        raise InvalidInputError("parents", f"node {j + 1}'s parent {int(tree[j])} is not in [0, {j}]")
+        raise InvalidInputError(
+            "parents", f"node {j + 1}'s parent {int(tree[j])} is not in [0, {j}]"
+        )
     if ranks is None:
         counts = [0] * (nodes + 1)
         rank_list = []
@@ -473,7 +478,7 @@ def medusa_buffers(tree_choices: Sequence[Sequence[int]], topk: int = MEDUSA_TOP
         raise InvalidInputError("tree_choices", f"a rank is >= topk = {topk}")
     nodes = tree.parents.shape[0]
     width = nodes + 1
-    parent_of = [PLACEHOLDER] + tree.parents.tolist()
+    parent_of = [PLACEHOLDER, *tree.parents.tolist()]
     mask = torch.eye(width)
     mask[:, 0] = 1.0
     for node in range(1, width):
