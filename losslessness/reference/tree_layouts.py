@@ -45,6 +45,14 @@ builds from it:
 - ``medusa_position_ids [T]``: the depth of each node;
 - ``retrieve_indices [L, D + 1]``: one row per leaf (taken from the sorted list in reverse),
   the node indices of the root-to-leaf path, ``-1`` padded.
+
+EAGLE-1's ``generate_tree_buffers`` (SafeAILab/EAGLE, ``eagle/model/utils_alpha.py``, commit
+08dc06ccb428f2d3cf8380933ea50ed3e4178168; its trees, e.g. ``mc_sim_7b_63``, in
+``eagle/model/choices.py``) sorts the same way and builds the same mask, position ids and
+retrieve indices, but its draft model gives every *parent* its own top-TOPK (the draft runs at
+each node's context), so a node's ``tree_indices`` entry is ``1 + TOPK * g + p[-1]`` with g the
+index of its parent among the distinct parents in sorted order (the root's group 0):
+``medusa_buffers(..., per_parent=True)``.
 """
 
 from __future__ import annotations
@@ -456,13 +464,17 @@ class MedusaBuffers(NamedTuple):
     retrieve_indices: torch.Tensor
 
 
-def medusa_buffers(tree_choices: Sequence[Sequence[int]], topk: int = MEDUSA_TOPK) -> MedusaBuffers:
+def medusa_buffers(
+    tree_choices: Sequence[Sequence[int]], topk: int = MEDUSA_TOPK, per_parent: bool = False
+) -> MedusaBuffers:
     """Medusa's buffers for ``tree_choices`` (the conventions of ``generate_medusa_buffers``,
     module docstring), derived from the protocol parents of :func:`tree_choices_to_parents`.
 
     Args:
         tree_choices: as :func:`tree_choices_to_parents` takes them.
         topk: candidates read per head (Medusa's ``TOPK`` = 10); every rank must be below it.
+        per_parent: build EAGLE-1's ``tree_indices`` (one top-TOPK block per distinct parent)
+            instead of Medusa's (one block per depth); the other buffers are the same.
 
     Returns:
         :class:`MedusaBuffers`.
@@ -487,7 +499,14 @@ def medusa_buffers(tree_choices: Sequence[Sequence[int]], topk: int = MEDUSA_TOP
             mask[node, ancestor] = 1.0
             ancestor = parent_of[ancestor]
     indices = torch.zeros(width, dtype=torch.int64)
-    indices[1:] = 1 + topk * (tree.depths - 1) + tree.ranks
+    if per_parent:
+        group: dict[int, int] = {}
+        for parent in tree.parents.tolist():
+            group.setdefault(parent, len(group))
+        blocks = torch.tensor([group[parent] for parent in tree.parents.tolist()])
+    else:
+        blocks = tree.depths - 1
+    indices[1:] = 1 + topk * blocks + tree.ranks
     positions = torch.zeros(width, dtype=torch.int64)
     positions[1:] = tree.depths
     is_parent = set(parent_of[1:])

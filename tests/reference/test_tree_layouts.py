@@ -260,6 +260,46 @@ def test_medusa_buffers_of_a_deeper_tree() -> None:
     assert buffers.retrieve_indices.tolist() == [[0, 1, 3, 5], [0, 1, 4, -1], [0, 2, -1, -1]]
 
 
+def test_eagle_tree_indices_use_one_top_k_block_per_parent() -> None:
+    """EAGLE-1 (``generate_tree_buffers``): ``[[0], [1], [0, 0], [1, 0]]`` puts the two depth-2
+    nodes in different blocks (parents [0] and [1]: groups 1 and 2), where Medusa puts them in
+    the same depth block; the other buffers are Medusa's."""
+    choices = [[0], [1], [0, 0], [1, 0]]
+    eagle = medusa_buffers(choices, per_parent=True)
+    medusa = medusa_buffers(choices)
+    assert eagle.tree_indices.tolist() == [0, 1, 2, 11, 21]
+    assert medusa.tree_indices.tolist() == [0, 1, 2, 11, 11]
+    assert torch.equal(eagle.medusa_attn_mask, medusa.medusa_attn_mask)
+    assert torch.equal(eagle.retrieve_indices, medusa.retrieve_indices)
+
+
+# EAGLE's mc_sim_7b_63 tree (SafeAILab/EAGLE, eagle/model/choices.py, commit 08dc06cc).
+MC_SIM_7B_63 = [
+    [0], [1], [2], [3], [0, 0], [0, 1], [0, 2], [1, 0], [1, 1], [2, 0], [2, 1], [3, 0],
+    [0, 0, 0], [0, 0, 1], [0, 0, 2], [0, 1, 0], [0, 1, 1], [0, 2, 0], [0, 2, 1], [1, 0, 0],
+    [0, 0, 0, 0], [0, 0, 0, 1], [0, 0, 0, 2], [0, 0, 0, 0, 0], [0, 0, 0, 0, 1],
+]
+
+
+def test_eagle_mc_sim_tree_converts_round_trips_and_has_one_retrieve_row_per_leaf() -> None:
+    """EAGLE's 25-node ``mc_sim_7b_63``: already in Medusa order (identity ``source_index``),
+    depth 5, its children ranks 0..c-1 (a valid top-k tree), parents -> choices gives it back,
+    and the retrieve indices have one row per leaf (15), each a root-to-leaf path."""
+    tree = tree_choices_to_parents(MC_SIM_7B_63)
+    assert tree.choices == MC_SIM_7B_63
+    assert tree.source_index.tolist() == list(range(25))
+    assert parents_to_tree_choices(tree.parents) == MC_SIM_7B_63
+    buffers = medusa_buffers(MC_SIM_7B_63)
+    plist = [-1, *tree.parents.tolist()]
+    leaves = set(range(1, 26)) - set(plist)
+    assert len(leaves) == 15 and buffers.retrieve_indices.shape == (15, 6)
+    for row in buffers.retrieve_indices.tolist():
+        path = [n for n in row if n >= 0]
+        assert path[0] == 0 and path[-1] in leaves
+        assert all(plist[b] == a for a, b in itertools.pairwise(path))
+    assert int(buffers.medusa_attn_mask.sum()) == sum(len(p) + 1 for p in MC_SIM_7B_63) + 1
+
+
 @pytest.mark.parametrize(
     ("call", "argument"),
     [
