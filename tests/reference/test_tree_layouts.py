@@ -289,6 +289,10 @@ def test_eagle_mc_sim_tree_converts_round_trips_and_has_one_retrieve_row_per_lea
     assert tree.choices == MC_SIM_7B_63
     assert tree.source_index.tolist() == list(range(25))
     assert parents_to_tree_choices(tree.parents) == MC_SIM_7B_63
+    siblings: dict[int, list[int]] = {}
+    for parent, rank in zip(tree.parents.tolist(), tree.ranks.tolist(), strict=True):
+        siblings.setdefault(parent, []).append(rank)
+    assert all(ranks == list(range(len(ranks))) for ranks in siblings.values())
     buffers = medusa_buffers(MC_SIM_7B_63)
     plist = [-1, *tree.parents.tolist()]
     leaves = set(range(1, 26)) - set(plist)
