@@ -12,8 +12,8 @@ With ``--losslessness-target`` or ``--losslessness-greedy`` the chain and greedy
 ``--losslessness-tree-greedy`` the tree module; without any, the plugin does nothing. A tree
 target is a tree verifier function, an :class:`~losslessness.adapters.Adapter` (its ``tree``
 or ``greedy_tree``), a registered adapter name or ``mutant/tree-<name>``. Targets resolve like
-``losslessness audit`` targets (registered adapter names work too). torch and the library are imported only when a
-target is used, so the plugin costs nothing in unrelated pytest runs.
+``losslessness audit`` targets (registered adapter names work too). torch and the library are
+imported only when a target is used, so the plugin costs nothing in unrelated pytest runs.
 """
 
 from __future__ import annotations

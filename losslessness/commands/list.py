@@ -20,6 +20,8 @@ ENGINE_DISTRIBUTIONS = {
     "losslessness.adapters.transformers": "transformers",
     "losslessness.adapters.transformers_generate": "transformers",
     "losslessness.adapters.transformers_cuda": "transformers",
+    "losslessness.adapters.medusa": "medusa-llm",
+    "losslessness.adapters.eagle": "eagle-llm",
 }
 """The PyPI distribution of the engine each built-in adapter module wraps (flashinfer's import
 name is ``flashinfer``, its distribution ``flashinfer-python``)."""
