@@ -11,7 +11,7 @@ Targets:
   greedy tree verifier ``sglang.kernels.ops.speculative.spec_tree.verify_tree_greedy_triton``
   (:data:`GREEDY_PARAMETERS`), twice: as the chain greedy verifier on a chain-shaped tree, and
   as the greedy *tree* verifier (``greedy_tree``, :class:`SglangGreedyTreeVerifier`) on any
-  tree of the protocol, converted to SGLang's layout by :func:`sglang_tree_layout`. On CUDA
+  tree of the protocol, converted to SGLang's layout by ``to_sglang``. On CUDA
   or, without CUDA, through Triton's interpreter on CPU tensors (the adapter sets
   ``TRITON_INTERPRET=1`` before the import).
 - ``sglang-block``: the same chain kernel with ``block_verification=True`` (Sun et al. 2024,
@@ -26,7 +26,7 @@ Targets:
   verifier (one-hot drafts) and as a tree verifier (:class:`SglangTreeTargetOnly`, draft scheme
   ``top-k`` only).
 
-**Tree layout** (:func:`sglang_tree_layout`, SGLang's ``build_tree_kernel_efficient`` output):
+**Tree layout** (``to_sglang``, SGLang's ``build_tree_kernel_efficient`` output):
 per row b, ``N+1`` slots, slot n holding node n of the protocol (slot 0 the root):
 ``candidates[b, n]`` its token (0 at the root), ``retrive_index[b, n] = b*(N+1) + n`` its
 flat index into ``predicts`` and ``target_predict``, ``retrive_next_token[b, n]`` its first
@@ -117,6 +117,7 @@ from losslessness.protocol import (
 )
 from losslessness.reference import ChainUniforms
 from losslessness.reference.block import BLOCK_VERIFICATION
+from losslessness.reference.tree_layouts import to_sglang
 
 SGLANG = EngineSpec(
     "sglang",
@@ -375,47 +376,6 @@ class SglangBlockSampler:
         return self.chain(target_probs, draft_probs, draft_token_ids, generator)
 
 
-def sglang_tree_layout(
-    parents: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The protocol's trees in SGLang's first-child / next-sibling layout.
-
-    Private to this adapter (a shared conversion may live in
-    ``losslessness.reference.tree_layouts``); the layout is the one SGLang's
-    ``build_tree_kernel_efficient`` builds and its verify kernels walk (module docstring).
-
-    Args:
-        parents: ``[B, N]`` int64, validated: ``parents[b, j]`` in ``[0, j]`` is the parent of
-            node ``j+1``.
-
-    Returns:
-        ``(retrive_index, retrive_next_token, retrive_next_sibling)``, each ``[B, N+1]`` int64
-        on ``parents``' device, slot n holding node n: ``retrive_index[b, n] = b*(N+1) + n``;
-        ``retrive_next_token[b, n]`` the lowest-index child of node n, -1 if none;
-        ``retrive_next_sibling[b, n]`` the next higher-index node with n's parent, -1 if none
-        (and -1 at the root).
-    """
-    batch, nodes = parents.shape
-    device = parents.device
-    parents = parents.long()
-    slots = nodes + 1
-    index = torch.arange(batch * slots, dtype=torch.int64, device=device).reshape(batch, slots)
-    none = torch.iinfo(torch.int64).max
-    node_ids = torch.arange(1, slots, dtype=torch.int64, device=device)
-    # child[b, n, j]: node j+1 is a child of node n.
-    child = parents.unsqueeze(1) == torch.arange(slots, device=device).view(1, slots, 1)
-    first = torch.where(child, node_ids, none).min(dim=2).values
-    next_token = torch.where(first == none, -1, first)
-    # later[b, i, j]: node j+1 is a later sibling of node i+1.
-    later = (parents.unsqueeze(2) == parents.unsqueeze(1)) & (
-        node_ids.view(1, 1, nodes) > node_ids.view(1, nodes, 1)
-    )
-    following = torch.where(later, node_ids, none).min(dim=2).values
-    sibling = torch.full((batch, slots), -1, dtype=torch.int64, device=device)
-    sibling[:, 1:] = torch.where(following == none, -1, following)
-    return index, next_token, sibling
-
-
 def _tree_emitted(
     predicts: torch.Tensor, accept_index: torch.Tensor, accept_token_num: torch.Tensor
 ) -> TreeOutput:
@@ -441,7 +401,7 @@ class SglangGreedyTreeVerifier(KernelVerifier):
     """Greedy tree verifier calling ``verify_tree_greedy_triton`` on the protocol's trees
     (:class:`~losslessness.protocol.GreedyTreeVerifier`).
 
-    The trees go to SGLang's layout by :func:`sglang_tree_layout`; ``target_predict [B, N+1]``
+    The trees go to SGLang's layout by ``to_sglang``; ``target_predict [B, N+1]``
     is ``torch.argmax`` of the logits at every node, as SGLang's EAGLE worker computes it
     (ties to the lowest index, ``-inf`` masked tokens never chosen unless the row is all
     ``-inf``, which validation refuses).
@@ -464,7 +424,10 @@ class SglangGreedyTreeVerifier(KernelVerifier):
         device, slots = self.device, nodes + 1
         tree = parents.long().cpu()
         depth = int(tree_depths(tree).max())
-        index, next_token, sibling = sglang_tree_layout(tree)
+        layout = to_sglang(tree, token_ids, torch.zeros(batch, dtype=torch.int64))
+        index, next_token, sibling = (
+            layout.retrive_index, layout.retrive_next_token, layout.retrive_next_sibling
+        )
         candidates = torch.zeros((batch, slots), dtype=torch.int64)
         candidates[:, 1:] = token_ids.long().cpu()
         target_predict = target_logits.argmax(dim=-1).to(torch.int64)
@@ -534,7 +497,10 @@ class SglangTreeTargetOnly(KernelVerifier):
         device, slots = self.device, nodes + 1
         tree = parents.long().cpu()
         depth = int(tree_depths(tree).max())
-        index, next_token, sibling = sglang_tree_layout(tree)
+        layout = to_sglang(tree, token_ids, torch.zeros(batch, dtype=torch.int64))
+        index, next_token, sibling = (
+            layout.retrive_index, layout.retrive_next_token, layout.retrive_next_sibling
+        )
         candidates = torch.zeros((batch, slots), dtype=torch.int64)
         candidates[:, 1:] = token_ids.long().cpu()
         coins = torch.rand((batch, slots), generator=generator, device=generator.device)

@@ -180,17 +180,19 @@ def to_sglang(
     width = nodes + 1
     candidates = torch.cat([roots.unsqueeze(1), ids], dim=1)
     retrive_index = torch.arange(batch * width, dtype=torch.int64).reshape(batch, width)
-    next_token = torch.full((batch, width), PLACEHOLDER, dtype=torch.int64)
+    none = torch.iinfo(torch.int64).max
+    node_ids = torch.arange(1, width, dtype=torch.int64)
+    # child[b, n, j]: node j+1 is a child of node n; its first child is the lowest such j+1.
+    child = tree.unsqueeze(1) == torch.arange(width).view(1, width, 1)
+    first = torch.where(child, node_ids, none).min(dim=2).values
+    next_token = torch.where(first == none, PLACEHOLDER, first)
+    # later[b, i, j]: node j+1 is a later sibling of node i+1; the next one is the lowest.
+    later = (tree.unsqueeze(2) == tree.unsqueeze(1)) & (
+        node_ids.view(1, 1, nodes) > node_ids.view(1, nodes, 1)
+    )
+    following = torch.where(later, node_ids, none).min(dim=2).values
     next_sibling = torch.full((batch, width), PLACEHOLDER, dtype=torch.int64)
-    for b in range(batch):
-        last_child = [PLACEHOLDER] * width
-        for j, parent in enumerate(tree[b].tolist()):
-            node = j + 1
-            if last_child[parent] == PLACEHOLDER:
-                next_token[b, parent] = node
-            else:
-                next_sibling[b, last_child[parent]] = node
-            last_child[parent] = node
+    next_sibling[:, 1:] = torch.where(following == none, PLACEHOLDER, following)
     return SglangTree(candidates, retrive_index, next_token, next_sibling)
 
 

@@ -225,10 +225,12 @@ def test_sglang_tree_layout_walks_back_to_every_nodes_children_in_index_order() 
     """Walking SGLang's first-child / next-sibling arrays from every node lists exactly its
     children, in increasing node index (the protocol's sibling order), on 40 random trees;
     retrive_index is the flat slot b*(N+1) + n."""
-    from losslessness.adapters.sglang import sglang_tree_layout
+    from losslessness.reference.tree_layouts import to_sglang
 
     parents = _random_parents(40, 9, torch.Generator().manual_seed(11))
-    index, first_child, next_sibling = sglang_tree_layout(parents)
+    layout = to_sglang(parents, torch.zeros_like(parents), torch.zeros(40, dtype=torch.int64))
+    index = layout.retrive_index
+    first_child, next_sibling = layout.retrive_next_token, layout.retrive_next_sibling
     batch, slots = index.shape
     assert torch.equal(index, torch.arange(batch * slots).reshape(batch, slots))
     assert bool((next_sibling[:, 0] == -1).all())
