@@ -328,7 +328,8 @@ class TargetVerdict(str, enum.Enum):
     """Verdict on one target: LOSSLESS, LOSSY (any check LOSSY), SUBOPTIMAL (lossless but
     accepts fewer drafts than sum min(p, q)), ERROR (crashed, or a target the user named could
     not load; nothing LOSSY), UNAVAILABLE (a registered adapter or an optional unit whose
-    package or device is missing here: nothing was tested, and the run's outcome ignores it),
+    package or device is missing here, or a target whose every check was SKIPPED, as when no
+    case of the run applies to it: nothing was tested, and the run's outcome ignores it),
     INCOMPLETE (the run was interrupted before the target's planned samples were drawn, and
     nothing finished was LOSSY: no LOSSLESS verdict can be given)."""
 
@@ -343,7 +344,10 @@ class TargetVerdict(str, enum.Enum):
 def target_verdict(checks: Sequence[CheckResult], complete: bool = True) -> TargetVerdict:
     """A target's verdict from its checks: LOSSY if any check is LOSSY (finished evidence holds
     even in an interrupted run), else INCOMPLETE when ``complete`` is False, else ERROR if any
-    is ERROR, else SUBOPTIMAL if any is SUBOPTIMAL, else LOSSLESS (also for no checks)."""
+    is ERROR, else SUBOPTIMAL if any is SUBOPTIMAL, else UNAVAILABLE when there are checks and
+    every one is SKIPPED (nothing was tested, for example every case was not applicable to the
+    target: no LOSSLESS verdict can be given), else LOSSLESS (also for no checks). SKIPPED
+    checks beside others decide nothing: the others do."""
     verdicts = {check.verdict for check in checks}
     if Verdict.LOSSY in verdicts:
         return TargetVerdict.LOSSY
@@ -353,6 +357,8 @@ def target_verdict(checks: Sequence[CheckResult], complete: bool = True) -> Targ
         return TargetVerdict.ERROR
     if Verdict.SUBOPTIMAL in verdicts:
         return TargetVerdict.SUBOPTIMAL
+    if verdicts == {Verdict.SKIPPED}:
+        return TargetVerdict.UNAVAILABLE
     return TargetVerdict.LOSSLESS
 
 

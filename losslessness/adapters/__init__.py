@@ -1,7 +1,13 @@
 """How an implementation under audit is called: reference, ``pkg.module:callable``,
 transformers, and anything registered under the ``losslessness.adapters`` entry-point group."""
 
-from losslessness.adapters.base import Adapter, AdapterNotFound, AdapterUnavailable, EndToEndTarget
+from losslessness.adapters.base import (
+    Adapter,
+    AdapterNotFound,
+    AdapterUnavailable,
+    EndToEndTarget,
+    NotApplicable,
+)
 from losslessness.adapters.target import (
     ENTRY_POINT_GROUP,
     load_callable,
@@ -15,6 +21,7 @@ __all__ = [
     "AdapterNotFound",
     "AdapterUnavailable",
     "EndToEndTarget",
+    "NotApplicable",
     "load_callable",
     "registered_adapters",
     "resolve_adapter",

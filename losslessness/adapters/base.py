@@ -15,12 +15,46 @@ from losslessness.protocol import (
     EndToEndGenerator,
     GreedyTreeVerifier,
     GreedyVerifier,
+    InvalidInputError,
     TreeVerifier,
 )
 
 
 class AdapterUnavailable(RuntimeError):
     """The adapter's implementation cannot be loaded here (package missing, API not found)."""
+
+
+class NotApplicable(InvalidInputError):
+    """A target's refusal of a case shape it cannot take by design (not a crash): vLLM's FLy,
+    for instance, needs a window ``1 <= W < k`` and so k >= 2.
+
+    A verifier or generator raises it from its call; the run then records every check of that
+    case for that target as SKIPPED with the message ``not applicable: <reason>`` (never ERROR,
+    never PASS), and the target's verdict is decided by its other checks (a target with nothing
+    applicable is UNAVAILABLE, not LOSSLESS: :func:`losslessness.results.target_verdict`). To a
+    direct caller it is still an :class:`~losslessness.protocol.InvalidInputError` (a
+    ``ValueError``) naming the argument whose shape is refused.
+
+    Args:
+        reason: why the case does not apply, in the engine's terms (``"vLLM's FLy needs
+            k >= 2 (window 1 <= W < k), got k = 1"``).
+        argument: the call argument whose shape is refused (default ``draft_token_ids``, whose
+            second dimension is k).
+
+    Raises:
+        ValueError: ``reason`` is empty.
+    """
+
+    def __init__(self, reason: str, argument: str = "draft_token_ids") -> None:
+        if not reason.strip():
+            raise ValueError("reason: must say why the case is not applicable")
+        super().__init__(argument, f"not applicable: {reason}")
+        self.reason = reason
+
+    @property
+    def skip_message(self) -> str:
+        """The message of the SKIPPED checks: ``not applicable: <reason>``."""
+        return f"not applicable: {self.reason}"
 
 
 class AdapterNotFound(LookupError):

@@ -73,7 +73,7 @@ from typing import Any
 
 import torch
 
-from losslessness.adapters.base import Adapter, AdapterUnavailable
+from losslessness.adapters.base import Adapter, AdapterUnavailable, NotApplicable
 from losslessness.adapters.engines import (
     REQUIREMENTS_FILE,
     EngineSpec,
@@ -205,12 +205,11 @@ class SamplerOptions:
         """FLy's window for draft length ``k``.
 
         Raises:
-            InvalidInputError: ``k < 2`` (FLy needs a window 1 <= W < k).
+            NotApplicable: ``k < 2`` (FLy needs a window 1 <= W < k; vLLM refuses it): the run
+                records that case's checks as SKIPPED, not ERROR.
         """
         if k < 2:
-            raise InvalidInputError(
-                "draft_token_ids", f"FLy needs k >= 2 (window 1 <= W < k), got k = {k}"
-            )
+            raise NotApplicable(f"vLLM's FLy needs k >= 2 (window 1 <= W < k), got k = {k}")
         return min(FLY_DEFAULT_WINDOW, k - 1)
 
 
@@ -358,8 +357,8 @@ class VllmV1Sampler:
         :class:`losslessness.protocol.ChainVerifier`); ``[B, k+1]`` int64 on CPU.
 
         Raises:
-            InvalidInputError: malformed inputs, ``k == 0``, ``k > MAX_SPEC_LEN``, or FLy with
-                ``k < 2``.
+            InvalidInputError: malformed inputs, ``k == 0`` or ``k > MAX_SPEC_LEN``.
+            NotApplicable: FLy with ``k < 2``.
         """
         batch, k, vocab = validate_chain_inputs(
             target_probs, draft_probs, draft_token_ids, generator
@@ -381,6 +380,7 @@ class VllmV1Sampler:
 
         Raises:
             InvalidInputError: malformed inputs, ``k == 0`` or ``k > MAX_SPEC_LEN``.
+            NotApplicable: FLy with ``k < 2``.
         """
         batch, k, vocab = validate_greedy_inputs(target_logits, draft_token_ids)
         _check_k(k, self.max_spec_len)
@@ -474,7 +474,8 @@ class VllmV2Sampler:
         """One verification step (chain protocol); ``[B, k+1]`` int64 on CPU.
 
         Raises:
-            InvalidInputError: malformed inputs, ``k == 0``, or FLy with ``k < 2``.
+            InvalidInputError: malformed inputs or ``k == 0``.
+            NotApplicable: FLy with ``k < 2``.
         """
         _, k, _ = validate_chain_inputs(target_probs, draft_probs, draft_token_ids, generator)
         _check_k(k, 1 << 10)
@@ -487,6 +488,7 @@ class VllmV2Sampler:
 
         Raises:
             InvalidInputError: malformed inputs or ``k == 0``.
+            NotApplicable: FLy with ``k < 2``.
         """
         _, k, _ = validate_greedy_inputs(target_logits, draft_token_ids)
         _check_k(k, 1 << 10)

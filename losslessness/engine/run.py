@@ -10,7 +10,9 @@ Faults never stop a run: a target that raises or returns malformed output is an 
 for malformed output) for that case's checks; a call that outlasts ``config.timeout_s`` is an
 ERROR, and every later unit of that target (its property suite too) is skipped as ERROR without
 calling it again (a hung target would hang again); a unit whose optional package is missing is
-UNAVAILABLE.
+UNAVAILABLE. A target that raises :class:`~losslessness.adapters.NotApplicable` for a case shape
+it cannot take by design (vLLM's FLy at k = 1) gets that case's checks SKIPPED with the reason
+(``not applicable: ...``), neither ERROR nor PASS; its other checks decide its verdict.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from losslessness.adapters import Adapter
+from losslessness.adapters import Adapter, NotApplicable
 from losslessness.cases import ChainCase
 from losslessness.checks import malformed_output_result, run_chain_checks
 from losslessness.checks.greedy import check_greedy
@@ -73,6 +75,10 @@ INCOMPLETE = "incomplete"
 """``UnitRecord.failure_kind`` of a unit the run did not finish (interrupted)."""
 
 INTERRUPTED_MESSAGE = "not run: the run was interrupted (Ctrl-C) before this unit finished"
+
+NOT_APPLICABLE = "not-applicable"
+"""``UnitRecord.failure_kind`` of a unit whose target raised :class:`NotApplicable`: its checks
+are SKIPPED with ``UnitRecord.failure`` (``not applicable: <reason>``) as the message."""
 
 ProgressCallback = Callable[[int, int, str], None]
 """Called with (steps done, steps planned, label of the current unit)."""
@@ -138,6 +144,9 @@ class _ShardState:
 
 
 def _target_error(state: _ShardState, record: UnitRecord, error: BaseException) -> None:
+    if isinstance(error, NotApplicable):
+        record.failure_kind, record.failure = NOT_APPLICABLE, error.skip_message
+        return
     record.failure_kind, record.failure = "error", _failure_message(error)
     if isinstance(error, TargetTimeout):
         state.hung[record.target] = record.failure
@@ -207,7 +216,8 @@ def _run_greedy_unit(state: _ShardState, unit: Unit, record: UnitRecord) -> None
         return
     except Exception as error:
         _target_error(state, record, error)
-        record.checks = [context.untested(GREEDY_CHECK_ID, Verdict.ERROR, str(record.failure))]
+        verdict = Verdict.SKIPPED if record.failure_kind == NOT_APPLICABLE else Verdict.ERROR
+        record.checks = [context.untested(GREEDY_CHECK_ID, verdict, str(record.failure))]
         return
     finally:
         record.verifier_time_s = time.perf_counter() - began
@@ -231,7 +241,9 @@ def _run_end_to_end_unit(state: _ShardState, unit: Unit, record: UnitRecord) -> 
         plan.record, unit.target, target.name, target.description, entry.case_hash, entry.seed
     )
     selected = [c for c in end_to_end_check_ids(target) if plan.config.selects(c)]
-    if entry.error is not None:
+    if isinstance(entry.error, NotApplicable):
+        record.failure_kind, record.failure = NOT_APPLICABLE, entry.error.skip_message
+    elif entry.error is not None:
         record.failure_kind, record.failure = "error", _failure_message(entry.error)
     else:
         try:
@@ -246,8 +258,9 @@ def _run_end_to_end_unit(state: _ShardState, unit: Unit, record: UnitRecord) -> 
             record.verifier_calls = len(samples.sequences)
             record.verifier_time_s = samples.inside_s
             return
+    verdict = Verdict.SKIPPED if record.failure_kind == NOT_APPLICABLE else Verdict.ERROR
     record.checks = [
-        context.untested(check_id, Verdict.ERROR, str(record.failure)) for check_id in selected
+        context.untested(check_id, verdict, str(record.failure)) for check_id in selected
     ]
 
 
@@ -445,9 +458,14 @@ def _chain_checks(
     if protocol:
         return [malformed_output_result(context, protocol[0].failure)]
     selected = [c for c in SAMPLED_CHAIN_CHECK_IDS if plan.config.selects(c)]
-    if failures:
-        message = str(failures[0].failure)
+    errors = [unit for unit in failures if unit.failure_kind != NOT_APPLICABLE]
+    if errors:
+        message = str(errors[0].failure)
         return [context.untested(check_id, Verdict.ERROR, message) for check_id in selected]
+    if failures:
+        # The target refused the case's shape (NotApplicable): nothing was sampled.
+        message = str(failures[0].failure)
+        return [context.untested(check_id, Verdict.SKIPPED, message) for check_id in selected]
     if (target, case.case_id) not in merged.tables:
         # Interrupted before any chunk of the case finished.
         return [
@@ -515,6 +533,11 @@ def finish_run(shards: Sequence[ShardResult]) -> RunResult:
                 result.checks += [check for unit in units for check in unit.checks]
             _add_totals(result, units)
         result.verdict = target_verdict(result.checks, complete)
+        if result.verdict is TargetVerdict.UNAVAILABLE:
+            result.error = (
+                f"nothing tested: all {len(result.checks)} checks SKIPPED "
+                f"({result.checks[0].message})"
+            )
         targets.append(result)
     # A target the user named must load (ERROR); registered adapters whose package or device
     # is missing on this machine are listed but decide nothing.

@@ -95,7 +95,8 @@ class UnitRecord:
         verify_steps: verification steps (batch rows) the target ran.
         verifier_calls: calls made to the target.
         verifier_time_s: seconds spent inside the target.
-        failure_kind: ``protocol`` (malformed output), ``error`` (the target raised or hung) or
+        failure_kind: ``protocol`` (malformed output), ``error`` (the target raised or hung),
+            ``not-applicable`` (the target raised ``NotApplicable``: its checks are SKIPPED) or
             ``unavailable`` (the unit's optional package is missing here), or None.
         failure: the message of the failure (for ``unavailable``: the reason and the command
             that installs what is missing).
