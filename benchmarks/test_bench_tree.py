@@ -9,11 +9,15 @@ two shapes: ``binary`` (parents 0,0,1,1,2,2,3,3: depth 3, two children per inner
 the protocol's input validation (``losslessness.protocol.validate_tree_inputs``), whose time is
 reported separately as ``validation_s``. Run by ``tox -e bench`` (or
 ``pytest benchmarks/test_bench_tree.py --benchmark-only -p no:randomly``); each result's
-``extra_info`` holds ``steps_per_s`` (batch / median) and ``verifier_steps_per_s``.
+``extra_info`` holds ``steps_per_s`` (batch / median) and ``verifier_steps_per_s``. Other jobs
+share the 2 cores, so ``extra_info`` also records the load average and the CPU time of one call
+(``cpu_s``, ``time.process_time``, all torch threads together) and ``steps_per_cpu_s``, which a
+loaded machine distorts far less than the wall-clock median.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -53,6 +57,16 @@ def _tree_inputs(
     return p, q, tree, ids
 
 
+def _cpu_seconds(*inputs: Any) -> float:
+    """Median of 3 CPU times (``time.process_time``) of one ``verify_tree`` call, in seconds."""
+    times = []
+    for _ in range(3):
+        start = time.process_time()
+        verify_tree(*inputs, torch.Generator().manual_seed(SEED))
+        times.append(time.process_time() - start)
+    return sorted(times)[1]
+
+
 def _validation_seconds(*inputs: Any) -> float:
     """Median of 3 timings of the protocol's input validation alone, in seconds."""
     times = []
@@ -79,6 +93,7 @@ def test_reference_tree_verify_throughput_8_nodes_v32_batch_1e5(
     assert output.tokens.shape[0] == BATCH
     median = benchmark.stats.stats.median
     validation = _validation_seconds(p, q, tree, ids, scheme)
+    cpu = _cpu_seconds(p, q, tree, ids, scheme)
     benchmark.extra_info.update(
         shape=shape,
         parents=list(parents),
@@ -88,5 +103,8 @@ def test_reference_tree_verify_throughput_8_nodes_v32_batch_1e5(
         steps_per_s=BATCH / median,
         validation_s=validation,
         verifier_steps_per_s=BATCH / max(median - validation, 1e-9),
+        cpu_s=cpu,
+        steps_per_cpu_s=BATCH / cpu,
+        load_average=os.getloadavg()[0],
         torch_threads=torch.get_num_threads(),
     )
