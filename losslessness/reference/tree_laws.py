@@ -28,7 +28,8 @@ Limits: the work is counted in cells (``states * tuples * V`` per distinct (dept
 ``without-replacement``, 1 for ``top-k``) and capped at :data:`CELL_CAP` (``2^26``): e.g. V = 32
 with up to 3 siblings per node at one depth below the root, V = 16 with 4, V = 8 with 6 (any N
 whose groups fit), ValueError beyond. Tuples are processed in chunks, so memory stays below
-about 100 MB.
+about 100 MB. Measured (one core, loaded machine): V = 32 star of 3 iid (2^20 cells) 0.2 s CPU,
+V = 16 star of 4 iid 0.15 s, 8-node binary tree at V = 32 without replacement 0.04 s.
 
 :func:`ot_acceptance_bound`: SpecTr's optimal-transport linear program (Sun et al. 2023,
 "SpecTr: Fast Speculative Decoding via Optimal Transport", sections 3-4: the optimal acceptance
@@ -41,6 +42,8 @@ proportionally), and only the matched pairs (set s, y in s) are variables, with 
 marginals (a sub-coupling on matched pairs extends to a full coupling because the unmatched row
 and column masses have equal totals). Capped at :data:`OT_TUPLE_CAP` ordered tuples over q's
 support (``2^22``: V = 32 with n = 4, V = 16 with n = 5, V = 8 with n = 7), ValueError beyond.
+HiGHS's interior-point method (with crossover) solves these in seconds where its simplex takes
+minutes: V = 32, n = 4 (160k variables) about 2.6 s CPU, V = 32, n = 3 0.1 s.
 """
 
 from __future__ import annotations
@@ -306,18 +309,34 @@ def exact_tree_laws(case: TreeCase) -> TreeLaws:
     )
 
 
-def _set_laws(q: np.ndarray, n_drafts: int, scheme: str) -> tuple[np.ndarray, np.ndarray]:
-    """The law of the set of distinct drafted tokens: ``([S, n] int64 sets padded with -1,
-    [S] float64 probabilities)``."""
+def _set_laws(
+    q: np.ndarray, n_drafts: int, scheme: str
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The law of the set of distinct drafted tokens.
+
+    Returns:
+        ``(set_index [M], token [M], probs [S])``: the (set, member token) pairs of the S sets
+        with positive probability, and each set's probability.
+    """
     tuples, probs = _sibling_tuples(q, n_drafts, scheme)
-    ordered = np.sort(tuples, axis=1)
-    if n_drafts > 1:
-        repeated = np.concatenate(
-            [np.zeros((len(ordered), 1), dtype=bool), ordered[:, 1:] == ordered[:, :-1]], 1
+    vocab = q.shape[0]
+    if vocab <= 62:
+        # A set as a bit mask: one 1-D unique instead of a row-wise one.
+        masks = np.bitwise_or.reduce(np.left_shift(np.int64(1), tuples), axis=1)
+        unique, inverse = np.unique(masks, return_inverse=True)
+        members = ((unique[:, None] >> np.arange(vocab, dtype=np.int64)) & 1).astype(bool)
+    else:
+        ordered = np.sort(tuples, axis=1)
+        rows = np.repeat(np.arange(len(ordered)), n_drafts)
+        members_all = np.zeros((len(ordered), vocab), dtype=bool)
+        members_all[rows, ordered.reshape(-1)] = True
+        _, first, inverse = np.unique(
+            np.packbits(members_all, axis=1), axis=0, return_index=True, return_inverse=True
         )
-        ordered = np.sort(np.where(repeated, -1, ordered), axis=1)
-    sets, inverse = np.unique(ordered, axis=0, return_inverse=True)
-    return sets, np.bincount(inverse.reshape(-1), weights=probs, minlength=len(sets))
+        members = members_all[first]
+    set_probs = np.bincount(inverse.reshape(-1), weights=probs, minlength=len(members))
+    set_index, token = np.nonzero(members)
+    return set_index, token, set_probs
 
 
 def ot_acceptance_bound(
@@ -374,18 +393,16 @@ def ot_acceptance_bound(
             f"ot_acceptance_bound: V = {vocab} (support {support}) and n = {n_drafts} give "
             f"{tuples} ordered draft tuples, beyond the cap of {OT_TUPLE_CAP}"
         )
-    sets, set_probs = _set_laws(q, n_drafts, draft_scheme)
-    set_index, slot = np.nonzero(sets >= 0)
-    tokens = sets[set_index, slot]
+    set_index, tokens, set_probs = _set_laws(q, n_drafts, draft_scheme)
     variables = len(tokens)
-    rows = np.concatenate([set_index, len(sets) + tokens])
+    rows = np.concatenate([set_index, len(set_probs) + tokens])
     columns = np.concatenate([np.arange(variables), np.arange(variables)])
     constraints = sparse.csr_matrix(
-        (np.ones(2 * variables), (rows, columns)), shape=(len(sets) + vocab, variables)
+        (np.ones(2 * variables), (rows, columns)), shape=(len(set_probs) + vocab, variables)
     )
     result = linprog(
         -np.ones(variables), A_ub=constraints, b_ub=np.concatenate([set_probs, p]),
-        bounds=(0, None), method="highs",
+        bounds=(0, None), method="highs-ipm",
     )
     if not result.success:
         raise RuntimeError(f"ot_acceptance_bound: HiGHS found no optimum: {result.message}")

@@ -236,3 +236,17 @@ def test_ot_bound_rejects_bad_arguments() -> None:
         with pytest.raises(InvalidInputError) as error:
             ot_acceptance_bound(*arguments)
         assert error.value.argument == name
+
+
+@pytest.mark.parametrize("scheme", ["iid", "without-replacement"])
+def test_ot_bound_is_unchanged_by_zero_padding_the_vocabulary(scheme: str) -> None:
+    """Tokens with p = q = 0 change nothing: the bound on V = 5 equals the bound on the same
+    laws padded to V = 70 (which aggregates draft sets row-wise instead of as bit masks)."""
+    generator = torch.Generator().manual_seed(31)
+    p, q = dirichlet((5,), generator), dirichlet((5,), generator)
+    padded_p = torch.cat([torch.zeros(65, dtype=torch.float64), p])
+    padded_q = torch.cat([torch.zeros(65, dtype=torch.float64), q])
+    for n in (2, 3):
+        assert ot_acceptance_bound(padded_p, padded_q, n, scheme) == pytest.approx(
+            ot_acceptance_bound(p, q, n, scheme), abs=1e-9
+        )
