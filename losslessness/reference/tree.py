@@ -73,6 +73,12 @@ def child_table(parents: torch.Tensor) -> torch.Tensor:
     return table
 
 
+def _batch_depth(parents: torch.Tensor) -> int:
+    """D, the depth of the deepest node of the batch's trees; 0 for an empty batch (whose
+    outputs are then ``[0, 1]`` and ``[0, 0]``)."""
+    return int(tree_depths(parents).max()) if parents.shape[0] else 0
+
+
 def _renormalise(probs: torch.Tensor) -> torch.Tensor:
     total = probs.sum(dim=-1, keepdim=True)
     return probs / torch.where(total > 0, total, 1.0)
@@ -193,10 +199,10 @@ def _verify_tree_validated(
     device = target.device
     shared = batch > 0 and bool((parents == parents[:1]).all())
     if shared:
-        depth = int(tree_depths(parents[:1]).max())
+        depth = _batch_depth(parents[:1])
         table = child_table(parents[:1])[0]
     else:
-        depth = int(tree_depths(parents).max())
+        depth = _batch_depth(parents)
         table = child_table(parents)
     width = table.shape[-1]
     flat_table = table.reshape(-1)
@@ -323,7 +329,7 @@ def verify_tree_greedy(
     device = target_logits.device
     parents = parents.long().to(device)
     ids = token_ids.long().to(device)
-    depth = int(tree_depths(parents).max())
+    depth = _batch_depth(parents)
     table = child_table(parents)
     best = argmax_lowest_index(target_logits)
     rows = torch.arange(batch, device=device)

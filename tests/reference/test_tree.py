@@ -278,3 +278,14 @@ def test_rows_with_different_trees_and_greedy_invariants() -> None:
         alone = verify_tree_greedy(target[b:b + 1].log(), parents[b:b + 1], ids[b:b + 1])
         width = alone.tokens.shape[1]
         assert torch.equal(alone.tokens[0], greedy.tokens[b, :width])
+
+
+def test_an_empty_batch_gives_empty_outputs() -> None:
+    """B = 0 passes validation and returns tokens [0, 1] and accepted nodes [0, 0] from both
+    verifiers (it used to fail on the max of an empty depth tensor)."""
+    empty = torch.zeros((0, 3, 4), dtype=torch.float64)
+    tree = torch.zeros((0, 2), dtype=torch.int64)
+    output = verify_tree(empty, empty, tree, tree, "iid", torch.Generator())
+    assert tuple(output.tokens.shape) == (0, 1) and tuple(output.accepted_nodes.shape) == (0, 0)
+    greedy = verify_tree_greedy(empty, tree, tree)
+    assert tuple(greedy.tokens.shape) == (0, 1) and tuple(greedy.accepted_nodes.shape) == (0, 0)
