@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -57,6 +58,15 @@ def _tree_inputs(
     return p, q, tree, ids
 
 
+@pytest.fixture
+def torch_threads(request: pytest.FixtureRequest) -> Iterator[int]:
+    """Run the benchmark on ``request.param`` torch threads; restore the count afterwards."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(int(request.param))
+    yield torch.get_num_threads()
+    torch.set_num_threads(before)
+
+
 def _cpu_seconds(*inputs: Any) -> float:
     """Median of 3 CPU times (``time.process_time``) of one ``verify_tree`` call, in seconds."""
     times = []
@@ -77,10 +87,11 @@ def _validation_seconds(*inputs: Any) -> float:
     return sorted(times)[1]
 
 
+@pytest.mark.parametrize("torch_threads", [1, 2], indirect=True, ids=["1thread", "2threads"])
 @pytest.mark.parametrize("scheme", ["iid", "without-replacement", "top-k"])
 @pytest.mark.parametrize("shape", sorted(SHAPES))
 def test_reference_tree_verify_throughput_8_nodes_v32_batch_1e5(
-    benchmark: Any, shape: str, scheme: str
+    benchmark: Any, shape: str, scheme: str, torch_threads: int
 ) -> None:
     """Tree verify steps per second of ``losslessness.reference.tree.verify_tree`` on 8-node
     trees, V = 32, B = 1e5 distinct rows (goal: 1 million)."""
@@ -106,5 +117,5 @@ def test_reference_tree_verify_throughput_8_nodes_v32_batch_1e5(
         cpu_s=cpu,
         steps_per_cpu_s=BATCH / cpu,
         load_average=os.getloadavg()[0],
-        torch_threads=torch.get_num_threads(),
+        torch_threads=torch_threads,
     )
