@@ -557,10 +557,15 @@ def validate_tree_inputs(
     validate_probability_rows("target_probs", target)
     if batch == 0:
         return batch, tree.shape[1], vocab
-    if not bool(torch.isfinite(draft).all()) or bool((draft < 0).any()):
-        raise InvalidInputError("draft_probs", "contains NaN, inf or negative mass")
-    has_children = _children_mask(tree)
+    # NaN and inf propagate into the row sums, so one pass for the sums and one for the minimum
+    # find every bad entry; the elementwise scans run only to locate an error already known.
     sums = draft.sum(dim=-1, dtype=torch.float64)
+    if not bool(torch.isfinite(sums).all()):
+        raise InvalidInputError("draft_probs", "contains NaN or inf")
+    if float(draft.min()) < 0:
+        where = torch.nonzero(draft < 0)[0].tolist()
+        raise InvalidInputError("draft_probs", f"contains negative mass at index {where}")
+    has_children = _children_mask(tree)
     bad = has_children & ((sums - 1.0).abs() > ROW_SUM_TOLERANCE)
     if bool(bad.any()):
         b, n = torch.nonzero(bad)[0].tolist()
@@ -569,8 +574,9 @@ def validate_tree_inputs(
             f"row {b}: node {n} has children but its draft distribution sums to "
             f"{float(sums[b, n]):.9g}, not 1 (siblings need the law they were drawn from)",
         )
-    parent_q = draft.gather(1, tree.unsqueeze(-1).expand(batch, tree.shape[1], vocab))
-    drafted = parent_q.gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+    # q at each node's parent, at the node's token: a flat gather of B*N entries.
+    row_of_parent = tree + rows * torch.arange(batch, device=tree.device).unsqueeze(1)
+    drafted = draft.reshape(batch * rows, vocab)[row_of_parent, ids]
     if bool((drafted <= 0).any()):
         b, j = torch.nonzero(drafted <= 0)[0].tolist()
         raise InvalidInputError(
@@ -581,7 +587,7 @@ def validate_tree_inputs(
     if draft_scheme != "iid":
         _require_distinct_siblings(tree, ids, str(draft_scheme))
     if draft_scheme == "top-k":
-        _require_top_k_siblings(tree, ids, parent_q, drafted)
+        _require_top_k_siblings(tree, ids, draft, drafted)
     if generator is not _NOT_GIVEN and not isinstance(generator, torch.Generator):
         raise InvalidInputError(
             "generator", f"expected a torch.Generator, got {type(generator).__name__}"
@@ -603,18 +609,14 @@ def _require_distinct_siblings(parents: torch.Tensor, ids: torch.Tensor, scheme:
 
 
 def _require_top_k_siblings(
-    parents: torch.Tensor, ids: torch.Tensor, parent_q: torch.Tensor, drafted: torch.Tensor
+    parents: torch.Tensor, ids: torch.Tensor, draft: torch.Tensor, drafted: torch.Tensor
 ) -> None:
     # Each child's token must have q at least that of every token its parent did not expand.
-    batch, nodes, vocab = parent_q.shape
-    chosen = torch.zeros((batch, nodes + 1, vocab), dtype=torch.bool, device=ids.device)
-    chosen[torch.arange(batch).unsqueeze(1), parents, ids] = True
-    unchosen_q = torch.where(
-        chosen.gather(1, parents.unsqueeze(-1).expand(batch, nodes, vocab)),
-        torch.zeros((), dtype=parent_q.dtype),
-        parent_q,
-    )
-    beaten = unchosen_q.amax(dim=-1) > drafted
+    batch = draft.shape[0]
+    chosen = torch.zeros(draft.shape, dtype=torch.bool, device=ids.device)
+    chosen[torch.arange(batch, device=ids.device).unsqueeze(1), parents, ids] = True
+    unchosen_best = draft.masked_fill(chosen, 0.0).amax(dim=-1)
+    beaten = unchosen_best.gather(1, parents) > drafted
     if bool(beaten.any()):
         b, j = torch.nonzero(beaten)[0].tolist()
         raise InvalidInputError(
