@@ -67,6 +67,7 @@ from losslessness.protocol import (
     validate_greedy_tree_inputs,
     validate_tree_inputs,
 )
+from losslessness.reference.tree_layouts import root_to_leaf_paths
 
 EAGLE = EngineSpec(
     "eagle-llm", ("1.2.1",), "pip install --no-deps eagle-llm==1.2.1 (and transformers)"
@@ -84,39 +85,6 @@ POSTERIOR_PARAMETERS = (
     "b_indices",
 )
 """``eagle.model.utils.evaluate_posterior``'s parameters at eagle-llm 1.2.1."""
-
-
-def eagle_paths(parents: torch.Tensor) -> torch.Tensor:
-    """One tree's root-to-leaf paths in lexicographic order of their node ids (so every node's
-    children appear in index order).
-
-    Args:
-        parents: ``[N]`` int64, validated (``parents[j]`` in ``[0, j]``).
-
-    Returns:
-        ``[P, D]`` int64: row i the nodes (1..N) from a child of the root down to a leaf,
-        :data:`PLACEHOLDER` after the leaf; D the tree's depth.
-    """
-    parents = parents.long().cpu()
-    nodes = parents.numel()
-    depth = int(tree_depths(parents.unsqueeze(0)).max())
-    has_child = torch.zeros(nodes + 1, dtype=torch.bool)
-    has_child[parents] = True
-    chains = []
-    for leaf in range(1, nodes + 1):
-        if bool(has_child[leaf]):
-            continue
-        chain = []
-        node = leaf
-        while node != 0:
-            chain.append(node)
-            node = int(parents[node - 1])
-        chains.append(chain[::-1])
-    chains.sort()
-    paths = torch.full((len(chains), depth), PLACEHOLDER, dtype=torch.int64)
-    for row, chain in enumerate(chains):
-        paths[row, : len(chain)] = torch.tensor(chain, dtype=torch.int64)
-    return paths
 
 
 def _identity_processor(input_ids: object, scores: torch.Tensor) -> torch.Tensor:
@@ -139,7 +107,7 @@ class _EagleVerifier:
         logits: torch.Tensor, parents: torch.Tensor, tokens: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(paths [P, D], candidates [P, D+1], path_logits [P, D+1, V])`` for one tree."""
-        paths = eagle_paths(parents)
+        paths = root_to_leaf_paths(parents, lexicographic=True)
         count = paths.shape[0]
         padded = torch.cat([torch.zeros((count, 1), dtype=torch.int64), paths], dim=1)
         real = padded >= 0

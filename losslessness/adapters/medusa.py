@@ -32,7 +32,7 @@ temperature.
   Defaults ``posterior_threshold = 0.09``, ``posterior_alpha = 0.3`` are
   ``MedusaModel.medusa_generate``'s.
 
-**Layout**: a protocol tree becomes Medusa's paths by :func:`medusa_paths`, one path per leaf in
+**Layout**: a protocol tree becomes Medusa's paths by ``root_to_leaf_paths``, one path per leaf in
 increasing leaf index, each path's logits the target's rows at its nodes. Shorter paths are
 padded to ``D+1`` with an extra token id V whose logit is ``-inf`` in every row (probability 0),
 so a padding position is never accepted, greedy or typical, and changes no real token's
@@ -65,6 +65,7 @@ from losslessness.protocol import (
     validate_greedy_tree_inputs,
     validate_tree_inputs,
 )
+from losslessness.reference.tree_layouts import root_to_leaf_paths
 
 MEDUSA = EngineSpec("medusa-llm", ("0.1",), "pip install --no-deps medusa-llm==0.1")
 """medusa-llm as this adapter was checked against it (its only PyPI release)."""
@@ -86,33 +87,6 @@ POSTERIOR_THRESHOLD = 0.09
 
 POSTERIOR_ALPHA = 0.3
 """``MedusaModel.medusa_generate``'s default ``posterior_alpha`` (medusa-llm 0.1)."""
-
-
-def medusa_paths(parents: torch.Tensor) -> torch.Tensor:
-    """One tree's root-to-leaf paths, Medusa's candidate layout.
-
-    Args:
-        parents: ``[N]`` int64, validated (``parents[j]`` in ``[0, j]``).
-
-    Returns:
-        ``[P, D]`` int64: row i the nodes (1..N) from the root's child down to the i-th leaf
-        (leaves in increasing index), :data:`PLACEHOLDER` after the leaf; D the tree's depth.
-    """
-    parents = parents.long().cpu()
-    nodes = parents.numel()
-    depth = int(tree_depths(parents.unsqueeze(0)).max())
-    has_child = torch.zeros(nodes + 1, dtype=torch.bool)
-    has_child[parents] = True
-    leaves = [n for n in range(1, nodes + 1) if not bool(has_child[n])]
-    paths = torch.full((len(leaves), depth), PLACEHOLDER, dtype=torch.int64)
-    for row, leaf in enumerate(leaves):
-        chain = []
-        node = leaf
-        while node != 0:
-            chain.append(node)
-            node = int(parents[node - 1])
-        paths[row, : len(chain)] = torch.tensor(chain[::-1], dtype=torch.int64)
-    return paths
 
 
 def _path_inputs(
@@ -165,7 +139,7 @@ class _MedusaVerifier:
         accepted = torch.full((batch, depth), PLACEHOLDER, dtype=torch.int64)
         empty_heads = torch.zeros((0, 1, 1, logits.shape[-1] + 1), dtype=logits.dtype)
         for b in range(batch):
-            paths = medusa_paths(parents[b])
+            paths = root_to_leaf_paths(parents[b])
             path_logits, candidates = _path_inputs(logits[b].cpu(), token_ids[b].cpu(), paths)
             best, length = self.evaluate_posterior(
                 path_logits, candidates, temperature, posterior_threshold, posterior_alpha

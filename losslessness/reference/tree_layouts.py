@@ -63,7 +63,7 @@ from typing import NamedTuple
 
 import torch
 
-from losslessness.protocol import PLACEHOLDER, InvalidInputError
+from losslessness.protocol import PLACEHOLDER, InvalidInputError, tree_depths
 
 __all__ = [
     "MEDUSA_TOPK",
@@ -522,3 +522,38 @@ def medusa_buffers(
         path.append(0)
         retrieve[row, : len(path)] = torch.tensor(path[::-1])
     return MedusaBuffers(mask, indices, positions, retrieve)
+
+
+def root_to_leaf_paths(parents: torch.Tensor, *, lexicographic: bool = False) -> torch.Tensor:
+    """One tree's root-to-leaf paths, the candidate layout of Medusa and EAGLE.
+
+    Args:
+        parents: ``[N]`` int64, validated (``parents[j]`` in ``[0, j]``).
+        lexicographic: order the paths by their node ids (EAGLE: every node's children appear
+            in index order) instead of by leaf index (Medusa's ``retrieve_indices`` order).
+
+    Returns:
+        ``[P, D]`` int64: row i the nodes (1..N) from a child of the root down to a leaf,
+        :data:`PLACEHOLDER` after the leaf; D the tree's depth, P its number of leaves.
+    """
+    parents = parents.long().cpu()
+    nodes = parents.numel()
+    depth = int(tree_depths(parents.unsqueeze(0)).max())
+    has_child = torch.zeros(nodes + 1, dtype=torch.bool)
+    has_child[parents] = True
+    chains = []
+    for leaf in range(1, nodes + 1):
+        if bool(has_child[leaf]):
+            continue
+        chain = []
+        node = leaf
+        while node != 0:
+            chain.append(node)
+            node = int(parents[node - 1])
+        chains.append(chain[::-1])
+    if lexicographic:
+        chains.sort()
+    paths = torch.full((len(chains), depth), PLACEHOLDER, dtype=torch.int64)
+    for row, chain in enumerate(chains):
+        paths[row, : len(chain)] = torch.tensor(chain, dtype=torch.int64)
+    return paths

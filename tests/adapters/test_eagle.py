@@ -13,9 +13,10 @@ import pytest
 import torch
 
 from losslessness.adapters import AdapterUnavailable
-from losslessness.adapters.eagle import _drawn_probabilities, eagle_paths
+from losslessness.adapters.eagle import _drawn_probabilities
 from losslessness.protocol import InvalidInputError
 from losslessness.reference.tree import verify_tree_greedy
+from losslessness.reference.tree_layouts import root_to_leaf_paths
 from tests.adapters.test_medusa import _distinct_sibling_case
 
 
@@ -33,8 +34,9 @@ needs_eagle = pytest.mark.skipif(not _installed(), reason="eagle-llm is not inst
 def test_eagle_paths_list_children_in_index_order() -> None:
     """Paths are sorted lexicographically by node ids, so a node's children appear in index
     order even when a later child is a leaf and an earlier one has a deep subtree."""
-    assert eagle_paths(torch.tensor([0, 0, 1])).tolist() == [[1, 3], [2, -1]]
-    assert eagle_paths(torch.tensor([0, 0, 1, 1, 2, 0])).tolist() == [
+    paths = root_to_leaf_paths(torch.tensor([0, 0, 1]), lexicographic=True)
+    assert paths.tolist() == [[1, 3], [2, -1]]
+    assert root_to_leaf_paths(torch.tensor([0, 0, 1, 1, 2, 0]), lexicographic=True).tolist() == [
         [1, 3], [1, 4], [2, 5], [6, -1]
     ]
 

@@ -12,9 +12,10 @@ import pytest
 import torch
 
 from losslessness.adapters import AdapterUnavailable
-from losslessness.adapters.medusa import _path_inputs, medusa_paths
+from losslessness.adapters.medusa import _path_inputs
 from losslessness.protocol import InvalidInputError
 from losslessness.reference.tree import verify_tree, verify_tree_greedy
+from losslessness.reference.tree_layouts import root_to_leaf_paths
 
 
 def _installed() -> bool:
@@ -31,7 +32,7 @@ needs_medusa = pytest.mark.skipif(not _installed(), reason="medusa-llm is not in
 def test_medusa_paths_are_the_root_to_leaf_paths_in_leaf_order() -> None:
     """A tree becomes one path per leaf (leaves in increasing index), each the nodes from the
     root's child down to the leaf, padded with -1."""
-    paths = medusa_paths(torch.tensor([0, 0, 1, 1, 2, 0]))
+    paths = root_to_leaf_paths(torch.tensor([0, 0, 1, 1, 2, 0]))
     assert paths.tolist() == [[1, 3], [1, 4], [2, 5], [6, -1]]
 
 
@@ -40,13 +41,13 @@ def test_padding_token_is_never_likely_and_repeats_the_leaf_row() -> None:
     greedy nor typical acceptance can take it), and repeat the leaf's logits; real positions
     hold the path's tokens and their nodes' rows."""
     logits = torch.arange(12, dtype=torch.float64).reshape(3, 4)
-    paths = medusa_paths(torch.tensor([0, 0]))
+    paths = root_to_leaf_paths(torch.tensor([0, 0]))
     path_logits, candidates = _path_inputs(logits, torch.tensor([2, 3]), paths)
     assert candidates.tolist() == [[0, 2], [0, 3]]
     assert path_logits.shape == (2, 2, 5)
     assert bool((path_logits[..., 4] == float("-inf")).all())
     assert torch.equal(path_logits[1, 1, :4], logits[2])
-    deep = medusa_paths(torch.tensor([0, 1, 0]))
+    deep = root_to_leaf_paths(torch.tensor([0, 1, 0]))
     path_logits, candidates = _path_inputs(
         torch.zeros(4, 4, dtype=torch.float64), torch.tensor([1, 2, 3]), deep
     )
