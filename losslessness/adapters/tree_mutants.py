@@ -43,6 +43,7 @@ from losslessness.reference.greedy import argmax_lowest_index
 from losslessness.reference.laws import residual_distribution
 from losslessness.reference.sampling import sample_inverse_cdf
 from losslessness.reference.tree import child_table
+from losslessness.reference.tree_layouts import root_to_leaf_paths
 
 TREE_PREFIX = "tree-"
 """Every tree mutant's name starts with this (``mutant/tree-<name>``)."""
@@ -719,6 +720,55 @@ def greedy_final_from_parent(
     return _greedy_walk(best, par, ids, pick="lowest", final_row="parent")
 
 
+def greedy_first_matching_path(
+    target_logits: torch.Tensor, parents: torch.Tensor, token_ids: torch.Tensor
+) -> TreeOutput:
+    """LOSSY: the accepted length is the longest match over the tree's root-to-leaf paths, but
+    the tokens are read from the first path that matches at all, so past that path's own match
+    it emits drafted tokens the target never chose.
+
+    Source: EAGLE's and Medusa's greedy ``evaluate_posterior`` compute every candidate path's
+    match length (``torch.cumprod(candidates[:, 1:] == argmax(logits[:, :-1]), 1).sum(1)``),
+    then ``accept_length = max`` and ``best_candidate = argmax`` of those lengths
+    (https://github.com/SafeAILab/EAGLE/blob/main/eagle/model/utils.py,
+    https://github.com/FasterDecoding/Medusa/blob/main/medusa/model/utils.py); taking the
+    candidate index from the first nonzero match instead of the argmax is this mutant.
+
+    Args:
+        target_logits: ``[B, N+1, V]`` float. parents, token_ids: ``[B, N]`` int64.
+
+    Returns:
+        :class:`TreeOutput` (int64, CPU): the first matching path's nodes up to the longest
+        match's length, then the argmax at the last of them.
+
+    Raises:
+        InvalidInputError: see :func:`~losslessness.protocol.validate_greedy_tree_inputs`.
+    """
+    best, par, ids = _greedy_prepare(target_logits, parents, token_ids)
+    batch = ids.shape[0]
+    depth = int(tree_depths(par).max())
+    tokens = torch.full((batch, depth + 1), PLACEHOLDER, dtype=torch.int64)
+    accepted = torch.full((batch, depth), PLACEHOLDER, dtype=torch.int64)
+    node_tokens = _node_tokens(ids)
+    parent_of = _parent_of(par)
+    for b in range(batch):
+        paths = root_to_leaf_paths(par[b])
+        real = paths >= 0
+        nodes = paths.clamp(min=0)
+        matches = real & (node_tokens[b, nodes] == best[b, parent_of[b, nodes]])
+        lengths = torch.cumprod(matches.long(), dim=1).sum(dim=1)
+        longest = int(lengths.max())
+        nonzero = torch.nonzero(lengths > 0)
+        chosen = int(nonzero[0]) if len(nonzero) else 0
+        length = min(longest, int(real[chosen].sum()))
+        path = paths[chosen, :length]
+        accepted[b, :length] = path
+        tokens[b, :length] = node_tokens[b, path]
+        last = int(path[-1]) if length else 0
+        tokens[b, length] = best[b, last]
+    return TreeOutput(tokens, accepted)
+
+
 # ----------------------------------------------------------------------------- controls
 
 
@@ -1060,6 +1110,8 @@ def _cases() -> dict[str, TreeCase | GreedyTreeCase]:
             "tree-greedy-v8-first", (0, 0, 1, 2, 2), 10, repeat_first=False),
         "tree-greedy-highest-index-match": _greedy_tree_case(
             "tree-greedy-dup-v8-b", (0, 0, 1, 2, 2), 11),
+        "tree-greedy-first-matching-path": _greedy_tree_case(
+            "tree-greedy-v8-paths", (0, 0, 1, 2, 2), 14, repeat_first=False),
         "tree-greedy-final-from-parent": _greedy_tree_case(
             "tree-greedy-v8", (0, 0, 1, 2, 2), 12, repeat_first=False),
         # Controls: one per scheme at least.
@@ -1112,6 +1164,8 @@ def _specs() -> tuple[TreeMutantSpec, ...]:
          "only each node's first child compared with the argmax", EAGLE_SOURCE),
         ("tree-greedy-highest-index-match", greedy_highest_index_match, True, True,
          "highest-index matching child followed, greedy takes the lowest", SGLANG_GREEDY_SOURCE),
+        ("tree-greedy-first-matching-path", greedy_first_matching_path, True, True,
+         "longest match's length, first matching path's tokens", EAGLE_SOURCE),
         ("tree-greedy-final-from-parent", greedy_final_from_parent, True, True,
          "final token is the argmax of the last accepted node's parent", SGLANG_GREEDY_SOURCE),
         ("tree-siblings-reversed", siblings_reversed, False, False,
