@@ -193,7 +193,10 @@ def _pilot_reach(case: TreeCase) -> dict[tuple[int, int], float]:
         ids.numpy(), output.tokens.numpy(), output.accepted_nodes.numpy(), case.depths.numpy()
     )
     keys, counts = np.unique(np.stack([depth, token], axis=1), axis=0, return_counts=True)
-    return {(int(d), int(x)): float(c) / PILOT_TREES for (d, x), c in zip(keys, counts)}
+    return {
+        (int(d), int(x)): float(c) / PILOT_TREES
+        for (d, x), c in zip(keys, counts, strict=True)
+    }
 
 
 def case_tree_laws(case: TreeCase) -> tuple[TreeLaws | None, str]:
@@ -327,7 +330,9 @@ def check_tree_structure(samples: TreeSamples, context: CheckContext) -> CheckRe
         "violations": {name: int(mask.sum()) for name, mask in problems.items()}
     }
     if n_bad:
-        kinds = [f"{name} ({int(mask.sum())} rows)" for name, mask in problems.items() if mask.any()]
+        kinds = [
+            f"{name} ({int(mask.sum())} rows)" for name, mask in problems.items() if mask.any()
+        ]
         b = int(np.flatnonzero(violating)[0])
         details["first_row"] = {
             "step": b,
@@ -392,7 +397,7 @@ def check_tree_law(samples: TreeSamples, context: CheckContext) -> list[CheckRes
         chosen = emitted[(depth == node_class.depth) & (token == node_class.token)]
         results.append(_law_result(context, node_class, chosen, vocab, began))
     began = time.perf_counter()
-    keys = set(zip(depth.tolist(), token.tolist()))
+    keys = set(zip(depth.tolist(), token.tolist(), strict=True))
     impossible = 0
     examples: list[str] = []
     observed = 0

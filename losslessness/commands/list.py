@@ -82,7 +82,9 @@ def list_command() -> None:
     for tree_case in default_tree_battery():
         cases.add_row(tree_case.case_id, "tree", tree_case.summary, tree_case.case_hash)
     for greedy_tree in default_greedy_tree_battery():
-        cases.add_row(greedy_tree.case_id, "greedy-tree", greedy_tree.summary, greedy_tree.case_hash)
+        cases.add_row(
+            greedy_tree.case_id, "greedy-tree", greedy_tree.summary, greedy_tree.case_hash
+        )
     console.print(cases)
     from losslessness.adapters.mutants import MUTANTS
 

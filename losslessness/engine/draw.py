@@ -306,6 +306,8 @@ def coerce_tree_output(value: object, batch: int, depth: int) -> tuple[np.ndarra
     Raises:
         ProtocolViolation: not a pair, not array-like, wrong shape, or not integer.
     """
+    tokens_value: object
+    nodes_value: object
     try:
         tokens_value, nodes_value = value  # type: ignore[misc]
     except (TypeError, ValueError) as error:

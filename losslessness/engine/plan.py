@@ -630,7 +630,8 @@ def plan_run(
                 add("greedy", adapter.name, greedy_case.case_id)
         if adapter.tree is not None:
             for tree_case in tree:
-                add("tree", adapter.name, tree_case.case_id, 0, tree_plans[tree_case.case_id].n_steps)
+                steps = tree_plans[tree_case.case_id].n_steps
+                add("tree", adapter.name, tree_case.case_id, 0, steps)
         if adapter.greedy_tree is not None:
             for greedy_tree_case in greedy_tree:
                 add("greedy-tree", adapter.name, greedy_tree_case.case_id)

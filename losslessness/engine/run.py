@@ -70,8 +70,8 @@ from losslessness.engine.shards import (
     UnitRecord,
     merge_shards,
 )
-from losslessness.engine.tree_battery import default_greedy_tree_battery, default_tree_battery
 from losslessness.engine.tables import CountTable, chunk_table, concatenate_tables, expand_table
+from losslessness.engine.tree_battery import default_greedy_tree_battery, default_tree_battery
 from losslessness.results import (
     SCHEMA_VERSION,
     AuditResult,

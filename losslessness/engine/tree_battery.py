@@ -1,14 +1,15 @@
 """The tree battery of the default audit: tree and multi-draft cases for every draft scheme,
 and greedy tree cases (issue 11).
 
-Small and fast by design (V <= 16, N <= 14, V <= 8 for the sampled cases, so the exact laws enumerate): per draft scheme
-(``iid``, ``without-replacement``, ``top-k``) a chain written as a tree, a star (multi-draft
-speculative sampling: 2 iid drafts, 4 without replacement, the top 8), a balanced binary tree of depth 3, an EAGLE-like
-dynamic shape (wide near the root, narrowing with depth; Li et al. 2024, EAGLE-2), a Medusa-like
-static tree (Cai et al. 2024, Medusa's sparse tree of top-k heads), a case whose p has exact
-zeros where q is positive; for ``iid``, duplicates-heavy cases at V = 2 and 3 (siblings repeat
-tokens). Greedy tree cases: ties at the maximum, masked (``-inf``) logits and duplicate sibling
-tokens. Every case is built from :data:`TREE_BATTERY_SEED`, so its hash is the same everywhere.
+Small and fast by design (N <= 14, V <= 8 for the sampled cases, so the exact laws
+enumerate): per draft scheme (``iid``, ``without-replacement``, ``top-k``) a chain written as a
+tree, a star (multi-draft speculative sampling: 2 iid drafts, 4 without replacement, the top
+8), a balanced binary tree of depth 3, an EAGLE-like dynamic shape (wide near the root,
+narrowing with depth; Li et al. 2024, EAGLE-2), a Medusa-like static tree (Cai et al. 2024,
+Medusa's sparse tree of top-k heads), a case whose p has exact zeros where q is positive; for
+``iid``, duplicates-heavy cases at V = 2 and 3 (siblings repeat tokens). Greedy tree cases
+(V <= 16): ties at the maximum, masked (``-inf``) logits and duplicate sibling tokens. Every
+case is built from :data:`TREE_BATTERY_SEED`, so its hash is the same everywhere.
 """
 
 from __future__ import annotations
