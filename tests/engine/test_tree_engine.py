@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 
 import pytest
+import torch
 from click.testing import CliRunner
 
 from losslessness.adapters import resolve_adapter
@@ -128,3 +129,30 @@ def test_list_shows_the_tree_cases() -> None:
     assert result.exit_code == 0
     for case in [*default_tree_battery(), *default_greedy_tree_battery()]:
         assert case.case_id in result.output
+
+
+def test_a_malformed_tree_output_is_lossy_and_a_crash_is_an_error() -> None:
+    """A tree verifier returning float tokens is a protocol violation (LOSSY, malformed output,
+    in tree.structure); one that raises is ERROR on every tree check of the case."""
+    from losslessness.adapters import Adapter
+    from losslessness.engine.run import run_audit
+    from losslessness.protocol import TreeOutput
+
+    def float_tokens(target, draft, parents, token_ids, scheme, generator):  # type: ignore[no-untyped-def]
+        depth = 1
+        return TreeOutput(torch.zeros((token_ids.shape[0], depth + 1)),
+                          torch.zeros((token_ids.shape[0], depth), dtype=torch.int64))
+
+    def crash(target, draft, parents, token_ids, scheme, generator):  # type: ignore[no-untyped-def]
+        raise RuntimeError("kernel exploded")
+
+    config = RunConfig(cases=("tree-star2-iid",), steps=256)
+    bad = run_audit([Adapter("float", "float tokens", tree=float_tokens)], config)
+    [check] = bad.targets[0].checks
+    assert bad.targets[0].verdict is TargetVerdict.LOSSY
+    assert check.check_id == "tree.structure" and "malformed output" in check.message
+    crashed = run_audit([Adapter("crash", "raises", tree=crash)], config)
+    assert crashed.targets[0].verdict is TargetVerdict.ERROR
+    assert {c.check_id for c in crashed.targets[0].checks} == {
+        "tree.structure", "tree.law", "tree.acceptance", "tree.independence"
+    }
