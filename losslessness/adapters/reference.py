@@ -5,11 +5,15 @@ from __future__ import annotations
 
 from losslessness.adapters.base import Adapter
 from losslessness.reference import verify, verify_greedy
+from losslessness.reference.tree import verify_tree, verify_tree_greedy
 
 adapter = Adapter(
     name="reference",
     description="losslessness.reference: chain rejection sampling (Leviathan et al. 2022, "
-    "Alg. 1) and greedy verify, float64",
+    "Alg. 1), greedy verify, tree verification (SpecInfer multi-round, recursive rejection "
+    "sampling without replacement, top-k) and greedy tree verify, float64",
     chain=verify,
     greedy=verify_greedy,
+    tree=verify_tree,
+    greedy_tree=verify_tree_greedy,
 )

@@ -26,12 +26,22 @@ def registered_adapters() -> dict[str, EntryPoint]:
     return {point.name: point for point in entry_points(group=ENTRY_POINT_GROUP)}
 
 
-def _as_adapter(name: str, loaded: object, greedy: bool) -> Adapter:
+PROTOCOLS = ("chain", "greedy", "tree", "greedy-tree")
+"""The protocols a bare ``pkg.module:function`` may follow (:func:`resolve_adapter`)."""
+
+
+def _as_adapter(name: str, loaded: object, greedy: bool, protocol: str = "chain") -> Adapter:
     if isinstance(loaded, Adapter):
         return loaded
     if not callable(loaded):
         raise AdapterNotFound(f"{name}: {type(loaded).__name__} object is not callable")
-    if greedy:
+    if protocol == "tree":
+        return Adapter(name=name, description=f"{name} (tree protocol)", tree=loaded)
+    if protocol == "greedy-tree":
+        return Adapter(
+            name=name, description=f"{name} (greedy tree protocol)", greedy_tree=loaded
+        )
+    if greedy or protocol == "greedy":
         return Adapter(name=name, description=f"{name} (greedy protocol)", greedy=loaded)
     return Adapter(name=name, description=f"{name} (chain protocol)", chain=loaded)
 
@@ -61,7 +71,7 @@ def load_callable(spec: str) -> object:
     return value
 
 
-def resolve_adapter(name: str, *, greedy: bool = False) -> Adapter:
+def resolve_adapter(name: str, *, greedy: bool = False, protocol: str = "chain") -> Adapter:
     """The adapter for a target name.
 
     Args:
@@ -69,6 +79,10 @@ def resolve_adapter(name: str, *, greedy: bool = False) -> Adapter:
             :mod:`losslessness.adapters.mutants`) or ``pkg.module:callable``; the callable may
             be an :class:`Adapter` or a verifier function.
         greedy: a bare function follows the greedy protocol instead of the chain protocol.
+        protocol: the protocol a bare function follows, one of :data:`PROTOCOLS`
+            (``"tree"``: :class:`~losslessness.protocol.TreeVerifier`, ``"greedy-tree"``:
+            :class:`~losslessness.protocol.GreedyTreeVerifier`); ``greedy=True`` is
+            ``"greedy"``.
 
     Returns:
         The :class:`Adapter`.
@@ -76,14 +90,17 @@ def resolve_adapter(name: str, *, greedy: bool = False) -> Adapter:
     Raises:
         AdapterNotFound: nothing matches ``name``.
         AdapterUnavailable: the adapter exists but cannot load here (e.g. package missing).
+        ValueError: naming ``protocol``, when it is not one of :data:`PROTOCOLS`.
     """
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"protocol: must be one of {', '.join(PROTOCOLS)}, got {protocol!r}")
     if name.startswith("mutant/"):
         # Imported here: the zoo builds its cases on first use, which plain audits never need.
         from losslessness.adapters.mutants import mutant
 
         return mutant(name).adapter
     if ":" in name:
-        return _as_adapter(name, load_callable(name), greedy)
+        return _as_adapter(name, load_callable(name), greedy, protocol)
     registered = registered_adapters()
     if name not in registered:
         known = ", ".join(sorted(registered)) or "none"

@@ -30,5 +30,32 @@ GREEDY_CHECK_IDS = (GREEDY_CHECK_ID,)
 SEQUENCE_CHECK_IDS = (SEQUENCE_LAW_CHECK_ID, SEQUENCE_GREEDY_CHECK_ID, DRAFTS_ACCEPTED_CHECK_ID)
 """Check ids an end-to-end target is audited with."""
 
-ALL_CHECK_IDS = (*CHAIN_CHECK_IDS, *GREEDY_CHECK_IDS, *SEQUENCE_CHECK_IDS)
-"""Every check id of a run's targets (``--only`` also takes ``edge`` for every ``edge.*``)."""
+
+TREE_STRUCTURE_CHECK_ID = "tree.structure"
+TREE_LAW_CHECK_ID = "tree.law"
+TREE_ACCEPTANCE_CHECK_ID = "tree.acceptance"
+TREE_INDEPENDENCE_CHECK_ID = "tree.independence"
+TREE_GREEDY_CHECK_ID = "tree.greedy"
+
+STATISTICAL_TREE_CHECK_IDS = (
+    TREE_LAW_CHECK_ID,
+    TREE_ACCEPTANCE_CHECK_ID,
+    TREE_INDEPENDENCE_CHECK_ID,
+)
+"""Tree checks that spend a share of the run's false-alarm budget."""
+
+TREE_CHECK_IDS = (TREE_STRUCTURE_CHECK_ID, *STATISTICAL_TREE_CHECK_IDS)
+"""Check ids a tree verifier is audited with (run on a tree case's samples)."""
+
+GREEDY_TREE_CHECK_IDS = (TREE_GREEDY_CHECK_ID,)
+"""Check ids a greedy tree verifier is audited with."""
+
+ALL_CHECK_IDS = (
+    *CHAIN_CHECK_IDS,
+    *GREEDY_CHECK_IDS,
+    *SEQUENCE_CHECK_IDS,
+    *TREE_CHECK_IDS,
+    *GREEDY_TREE_CHECK_IDS,
+)
+"""Every check id of a run's targets (``--only`` also takes ``edge`` for every ``edge.*`` and
+``tree`` for every ``tree.*``)."""

@@ -13,6 +13,7 @@ pairs' contingency table.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -27,6 +28,66 @@ from losslessness.stats import minimum_detectable_tv
 MIN_EXPECTED_PAIR_COUNT = 20.0
 """A token gets its own category when it is expected to appear in both rows of at least this
 many pairs (n_pairs * p(t)^2), the same floor as the identity test's pooling; the rest pool."""
+
+
+@dataclass(frozen=True)
+class PairIndependenceTest:
+    """A chi-square test of independence of paired first tokens.
+
+    Attributes:
+        n_pairs: pairs tested.
+        categories: categories of the first token (frequent tokens, then one pooled cell);
+            below 2 nothing was tested.
+        statistic: Cressie-Read (lambda = 2/3) statistic of the contingency table.
+        pvalue: its p-value (1.0 when nothing was tested).
+        df: degrees of freedom.
+    """
+
+    n_pairs: int
+    categories: int
+    statistic: float
+    pvalue: float
+    df: int
+
+
+def pair_independence_test(
+    first: np.ndarray, second: np.ndarray, p0: np.ndarray
+) -> PairIndependenceTest:
+    """Test that the paired tokens ``first[j]`` and ``second[j]`` are independent.
+
+    Every token expected in both rows of at least :data:`MIN_EXPECTED_PAIR_COUNT` pairs
+    (``n_pairs * p0(t)^2``) is its own category, the rest pool into one; a chi-square test of
+    independence (``scipy.stats.chi2_contingency``, Cressie-Read lambda = 2/3, no continuity
+    correction) is run on the pairs' contingency table. Ids outside ``[0, V)`` are dropped.
+
+    Args:
+        first, second: ``[P]`` int64 paired tokens.
+        p0: ``[V]`` float, the tokens' common law.
+
+    Returns:
+        :class:`PairIndependenceTest`.
+    """
+    vocab = int(p0.size)
+    n_pairs = int(first.size)
+    frequent = np.flatnonzero(n_pairs * p0**2 >= MIN_EXPECTED_PAIR_COUNT)
+    category = np.full(vocab + 1, frequent.size, dtype=np.int64)
+    category[frequent] = np.arange(frequent.size)
+    other_mass = 1.0 - float(p0[frequent].sum())
+    n_categories = int(frequent.size + (other_mass * n_pairs >= MIN_EXPECTED_PAIR_COUNT))
+    if n_categories < 2:
+        return PairIndependenceTest(n_pairs, n_categories, 0.0, 1.0, 0)
+    valid = (first >= 0) & (first < vocab) & (second >= 0) & (second < vocab)
+    a = np.minimum(category[first[valid]], n_categories - 1)
+    b = np.minimum(category[second[valid]], n_categories - 1)
+    table = np.zeros((n_categories, n_categories), dtype=np.int64)
+    np.add.at(table, (a, b), 1)
+    table = table[table.sum(axis=1) > 0][:, table.sum(axis=0) > 0]
+    if min(table.shape) < 2:
+        return PairIndependenceTest(n_pairs, n_categories, 0.0, 1.0, 0)
+    test = stats.chi2_contingency(table, correction=False, lambda_="cressie-read")
+    return PairIndependenceTest(
+        n_pairs, n_categories, float(test.statistic), float(test.pvalue), int(test.dof)
+    )
 
 
 def _pairs(samples: ChainSamples, row: int) -> tuple[np.ndarray, np.ndarray]:
@@ -57,14 +118,10 @@ def check_row_independence(samples: ChainSamples, context: CheckContext) -> list
         first, second = _pairs(samples, row)
         n_pairs = int(first.size)
         p0 = laws.emitted[0].numpy()
-        frequent = np.flatnonzero(n_pairs * p0**2 >= MIN_EXPECTED_PAIR_COUNT)
-        category = np.full(case.vocab_size + 1, frequent.size, dtype=np.int64)
-        category[frequent] = np.arange(frequent.size)
-        other_mass = 1.0 - float(p0[frequent].sum())
-        n_categories = frequent.size + (other_mass * n_pairs >= MIN_EXPECTED_PAIR_COUNT)
         common: dict[str, Any] = {"position": 0, "row": row, "n": n_pairs}
-        details = {"categories": int(n_categories)}
-        if n_categories < 2:
+        test = pair_independence_test(first, second, p0)
+        details = {"categories": test.categories}
+        if test.categories < 2:
             results.append(
                 context.result(
                     INDEPENDENCE_CHECK_ID,
@@ -77,18 +134,7 @@ def check_row_independence(samples: ChainSamples, context: CheckContext) -> list
                 )
             )
             continue
-        valid = (first >= 0) & (first < case.vocab_size) & (second >= 0)
-        valid &= second < case.vocab_size
-        a = np.minimum(category[first[valid]], n_categories - 1)
-        b = np.minimum(category[second[valid]], n_categories - 1)
-        table = np.zeros((n_categories, n_categories), dtype=np.int64)
-        np.add.at(table, (a, b), 1)
-        table = table[table.sum(axis=1) > 0][:, table.sum(axis=0) > 0]
-        if min(table.shape) < 2:
-            statistic, pvalue, dof = 0.0, 1.0, 0
-        else:
-            test = stats.chi2_contingency(table, correction=False, lambda_="cressie-read")
-            statistic, pvalue, dof = float(test.statistic), float(test.pvalue), int(test.dof)
+        statistic, pvalue, dof = test.statistic, test.pvalue, test.df
         verdict = Verdict.LOSSY if pvalue <= context.alpha else Verdict.PASS
         message = f"paired identical rows emit independent first tokens ({n_pairs} pairs)"
         if verdict is Verdict.LOSSY:

@@ -23,18 +23,31 @@ DEFAULT_TARGETS = ("reference", "transformers", "transformers-generate")
 
 
 def resolve_named_targets(
-    names: tuple[str, ...], greedy: bool
+    names: tuple[str, ...],
+    greedy: bool,
+    tree: tuple[str, ...] = (),
+    tree_greedy: tuple[str, ...] = (),
 ) -> list[Adapter | UnavailableTarget]:
-    """The targets a user named (``DEFAULT_TARGETS`` when none): adapters, or placeholders for
-    those that did not load.
+    """The targets a user named (``DEFAULT_TARGETS`` when none, and no ``--tree`` or
+    ``--tree-greedy`` target either): adapters, or placeholders for those that did not load.
+
+    Args:
+        names: the TARGETS arguments.
+        greedy: bare functions among ``names`` follow the greedy protocol.
+        tree: ``--tree`` targets, bare functions in the tree protocol.
+        tree_greedy: ``--tree-greedy`` targets, bare functions in the greedy tree protocol.
 
     Raises:
         click.UsageError: a name that matches no adapter and no ``pkg.module:callable``.
     """
     resolved: list[Adapter | UnavailableTarget] = []
-    for name in names or DEFAULT_TARGETS:
+    chain_names = names or (() if tree or tree_greedy else DEFAULT_TARGETS)
+    wanted = [(name, "greedy" if greedy else "chain") for name in chain_names]
+    wanted += [(name, "tree") for name in tree]
+    wanted += [(name, "greedy-tree") for name in tree_greedy]
+    for name, protocol in wanted:
         try:
-            resolved.append(resolve_adapter(name, greedy=greedy))
+            resolved.append(resolve_adapter(name, protocol=protocol))
         except AdapterNotFound as error:
             raise click.UsageError(str(error)) from error
         except AdapterUnavailable as error:
@@ -62,11 +75,28 @@ def report_console() -> Console:
     is_flag=True,
     help="pkg.module:callable targets follow the greedy protocol, not the chain one.",
 )
+@click.option(
+    "--tree",
+    "tree_targets",
+    multiple=True,
+    metavar="PKG.MODULE:FN",
+    help="Audit this function as a tree verifier (the tree protocol) on the tree battery; "
+    "repeatable.",
+)
+@click.option(
+    "--tree-greedy",
+    "tree_greedy_targets",
+    multiple=True,
+    metavar="PKG.MODULE:FN",
+    help="Audit this function as a greedy tree verifier on the greedy tree cases; repeatable.",
+)
 @click.option("--no-progress", is_flag=True, help="Do not show a progress bar.")
 def audit_command(
     targets: tuple[str, ...],
     json_path: str | None,
     greedy: bool,
+    tree_targets: tuple[str, ...],
+    tree_greedy_targets: tuple[str, ...],
     no_progress: bool,
     **options: Any,
 ) -> None:
@@ -75,13 +105,15 @@ def audit_command(
     A TARGET is a registered adapter (see 'losslessness list') or pkg.module:callable, a
     function in the chain protocol (or the greedy protocol with --greedy), imported as
     'python -m' would: the current directory first, then PYTHONPATH. Adapters with end-to-end
-    targets (toy, transformers-generate) get the sequence-law checks.
+    targets (toy, transformers-generate) get the sequence-law checks. Adapters with a tree
+    verifier (reference) get the tree battery; --tree and --tree-greedy audit a function in the
+    tree or greedy tree protocol (then no default target is added).
     """
     from reports import print_audit, write_json
     from reports.progress import progress_bar
 
     config = build_config(options)
-    resolved = resolve_named_targets(targets, greedy)
+    resolved = resolve_named_targets(targets, greedy, tree_targets, tree_greedy_targets)
     console = report_console()
     try:
         with progress_bar("verify steps", quiet=no_progress) as update:

@@ -12,6 +12,7 @@ from rich.table import Table
 from losslessness.adapters import registered_adapters
 from losslessness.checks import ALL_CHECK_IDS
 from losslessness.engine.battery import default_chain_battery, default_greedy_battery
+from losslessness.engine.tree_battery import default_greedy_tree_battery, default_tree_battery
 
 ENGINE_DISTRIBUTIONS = {
     "losslessness.adapters.vllm": "vllm",
@@ -80,6 +81,12 @@ def list_command() -> None:
         cases.add_row(case.case_id, "chain", case.summary, case.case_hash)
     for greedy_case in default_greedy_battery():
         cases.add_row(greedy_case.case_id, "greedy", greedy_case.summary, greedy_case.case_hash)
+    for tree_case in default_tree_battery():
+        cases.add_row(tree_case.case_id, "tree", tree_case.summary, tree_case.case_hash)
+    for greedy_tree in default_greedy_tree_battery():
+        cases.add_row(
+            greedy_tree.case_id, "greedy-tree", greedy_tree.summary, greedy_tree.case_hash
+        )
     console.print(cases)
     from losslessness.adapters.mutants import MUTANTS
 

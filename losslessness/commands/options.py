@@ -44,7 +44,7 @@ _DESIGN_OPTIONS = (
         multiple=True,
         metavar="CHECK",
         help=f"Run only this check (repeatable): {', '.join(ALL_CHECK_IDS)}, or 'edge' for "
-        "every edge case.",
+        "every edge case, 'tree' for every tree check.",
     ),
     click.option(
         "--max-steps",
@@ -94,7 +94,7 @@ def build_config(values: dict[str, Any], **extra: Any) -> RunConfig:
         click.BadParameter: an unknown check id in ``--only``.
         click.UsageError: a value out of range (the message names the field).
     """
-    known = (*ALL_CHECK_IDS, "edge")
+    known = (*ALL_CHECK_IDS, "edge", "tree")
     for name in values["only"]:
         if name not in known:
             raise click.BadParameter(

@@ -16,11 +16,18 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
-from losslessness.cases import ChainCase, GreedyCase
+from losslessness.cases import ChainCase, GreedyCase, GreedyTreeCase, TreeCase
 from losslessness.checks.sequence_law import sequence_seed
-from losslessness.protocol import ChainVerifier, EndToEndGenerator, GreedyVerifier
+from losslessness.protocol import (
+    ChainVerifier,
+    EndToEndGenerator,
+    GreedyTreeVerifier,
+    GreedyVerifier,
+    TreeVerifier,
+    tree_depths,
+)
 from losslessness.reference.sampling import sample_inverse_cdf
-from losslessness.samples import ChainSamples
+from losslessness.samples import ChainSamples, TreeSamples
 from losslessness.seeding import derive_seed
 
 BATCH_ELEMENT_BUDGET = 1 << 22
@@ -240,13 +247,11 @@ def _sample(
             progress(m)
     if not fresh_inputs and not _inputs_intact(case, target_buffer, draft_buffer):
         return None
-    starts = np.arange(0, n_steps - 1, 2)
-    starts = starts[starts // chunk == (starts + 1) // chunk]
     return ChainSamples(
         case=case,
         outputs=outputs,
         drafts=drafts,
-        pairs=np.stack([starts, starts + 1], axis=1),
+        pairs=paired_steps(n_steps, chunk),
         seed=seed,
         wall_time_s=time.perf_counter() - start,
         verifier_time_s=verifier_time,
@@ -272,6 +277,171 @@ def sample_greedy(
         verifier, case.target_logits.clone(), case.draft_token_ids.clone(), timeout_s=timeout_s
     )
     return coerce_output(result, case.batch_size, case.k)
+
+
+def paired_steps(n_steps: int, steps_per_call: int) -> np.ndarray:
+    """The step pairs ``(2m, 2m+1)`` that one verifier call carried together.
+
+    Steps are laid out call by call, ``steps_per_call`` per call; a pair straddling two calls
+    is dropped (the independence checks compare only copies of one call).
+
+    Returns:
+        ``[P, 2]`` int64 step indices.
+    """
+    starts = np.arange(0, n_steps - 1, 2)
+    starts = starts[starts // steps_per_call == (starts + 1) // steps_per_call]
+    return np.stack([starts, starts + 1], axis=1).astype(np.int64)
+
+
+def coerce_tree_output(value: object, batch: int, depth: int) -> tuple[np.ndarray, np.ndarray]:
+    """Turn a tree verifier's return value into ``([batch, depth+1], [batch, depth])`` int64
+    arrays (tokens, accepted nodes).
+
+    Args:
+        value: a :class:`~losslessness.protocol.TreeOutput` or any pair (tokens, accepted
+            nodes) of array-likes.
+        batch: trees of the call.
+        depth: D, the depth of the case's tree.
+
+    Raises:
+        ProtocolViolation: not a pair, not array-like, wrong shape, or not integer.
+    """
+    tokens_value: object
+    nodes_value: object
+    try:
+        tokens_value, nodes_value = value  # type: ignore[misc]
+    except (TypeError, ValueError) as error:
+        raise ProtocolViolation(
+            f"output is not a TreeOutput (tokens, accepted_nodes) pair: {error}"
+        ) from error
+    arrays = []
+    for name, item, width in (
+        ("tokens", tokens_value, depth + 1),
+        ("accepted_nodes", nodes_value, depth),
+    ):
+        try:
+            array = np.asarray(item.cpu() if isinstance(item, torch.Tensor) else item)
+        except Exception as error:
+            raise ProtocolViolation(f"output {name} is not array-like: {error}") from error
+        if array.shape != (batch, width):
+            raise ProtocolViolation(
+                f"output {name} has shape {array.shape}, expected {(batch, width)} "
+                f"([B, {'D+1' if name == 'tokens' else 'D'}] with D = {depth})"
+            )
+        if not np.issubdtype(array.dtype, np.integer):
+            raise ProtocolViolation(f"output {name} dtype is {array.dtype}, expected int64")
+        arrays.append(array.astype(np.int64, copy=False))
+    return arrays[0], arrays[1]
+
+
+def sample_tree(
+    verifier: TreeVerifier,
+    case: TreeCase,
+    steps: int,
+    seed: int,
+    timeout_s: float | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> TreeSamples:
+    """Run ``steps`` tree verification steps of ``case``, ``case.batch_size`` trees per call.
+
+    The run drafts every tree itself (``case.draw_trees`` on a generator seeded with
+    ``seed``), builds each call's inputs with ``case.inputs`` (fresh tensors per call, so a
+    verifier that writes into its inputs never alters a later call) and gives the verifier its
+    own generator, seeded ``derive_seed(seed, "verifier")``. Trees ``2m`` and ``2m+1`` of one
+    call have the same p and q tables and independent drafts: they are the pairs of the
+    independence check (:func:`paired_steps`, the chain path's design).
+
+    Args:
+        verifier: a tree verifier (:class:`losslessness.protocol.TreeVerifier`).
+        case: the case.
+        steps: trees to verify, >= 1.
+        seed: replays the trees and the verifier's randomness exactly.
+        timeout_s: seconds each call may take (None: no limit).
+        progress: called with the number of trees done after each call.
+
+    Returns:
+        :class:`~losslessness.samples.TreeSamples`.
+
+    Raises:
+        ValueError: ``steps`` < 1.
+        ProtocolViolation: the verifier returned a malformed output.
+        TargetTimeout: a call took longer than ``timeout_s``.
+        Exception: whatever the verifier raised, unchanged.
+    """
+    if steps < 1:
+        raise ValueError(f"steps: must be >= 1, got {steps}")
+    draft_generator = torch.Generator().manual_seed(seed)
+    verifier_generator = torch.Generator().manual_seed(derive_seed(seed, "verifier"))
+    n_nodes, depth, chunk = case.n_nodes, case.depth, case.batch_size
+    token_ids = np.empty((steps, n_nodes), dtype=np.int64)
+    tokens = np.empty((steps, depth + 1), dtype=np.int64)
+    accepted = np.empty((steps, depth), dtype=np.int64)
+    start = time.perf_counter()
+    verifier_time = 0.0
+    calls = 0
+    done = 0
+    while done < steps:
+        m = min(chunk, steps - done)
+        ids = case.draw_trees(m, draft_generator)
+        target, draft = case.inputs(ids)
+        parents = case.parents_tensor.expand(m, -1).contiguous()
+        began = time.perf_counter()
+        result = call_target(
+            verifier,
+            target.contiguous(),
+            draft.contiguous(),
+            parents,
+            ids.clone(),
+            case.draft_scheme,
+            verifier_generator,
+            timeout_s=timeout_s,
+        )
+        verifier_time += time.perf_counter() - began
+        calls += 1
+        got_tokens, got_nodes = coerce_tree_output(result, m, depth)
+        token_ids[done : done + m] = ids.numpy()
+        tokens[done : done + m] = got_tokens
+        accepted[done : done + m] = got_nodes
+        done += m
+        if progress is not None:
+            progress(m)
+    return TreeSamples(
+        case=case,
+        token_ids=token_ids,
+        tokens=tokens,
+        accepted_nodes=accepted,
+        pairs=paired_steps(steps, chunk),
+        seed=seed,
+        wall_time_s=time.perf_counter() - start,
+        verifier_time_s=verifier_time,
+        calls=calls,
+        steps_per_call=chunk,
+    )
+
+
+def sample_greedy_tree(
+    verifier: GreedyTreeVerifier, case: GreedyTreeCase, timeout_s: float | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """One call of a greedy tree verifier on every tree of ``case`` (on copies of its tensors).
+
+    Returns:
+        (tokens ``[B, D+1]``, accepted nodes ``[B, D]``) int64, D the deepest node of the
+        batch's trees.
+
+    Raises:
+        ProtocolViolation: a malformed output.
+        TargetTimeout: the call took longer than ``timeout_s``.
+        Exception: whatever the verifier raised, unchanged.
+    """
+    depth = int(tree_depths(case.parents).max())
+    result = call_target(
+        verifier,
+        case.target_logits.clone(),
+        case.parents.clone(),
+        case.token_ids.clone(),
+        timeout_s=timeout_s,
+    )
+    return coerce_tree_output(result, case.batch_size, depth)
 
 
 SEQUENCE_PROGRESS_EVERY = 64

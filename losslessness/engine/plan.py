@@ -7,6 +7,10 @@ A run is a fixed grid of *units*, the same however the run is split into shards:
   CI plan's (:func:`plan_case` at the run's per-assertion level) times the budget, cut into
   chunks of at most ``config.chunk_steps`` steps (one chunk when it is None, as in the audit);
 - ``greedy``: one greedy case on one target (exact, deterministic);
+- ``tree``: one tree case of the tree battery on one target's tree verifier: its trees (the CI
+  plan's, :func:`losslessness.checks.tree.tree_steps`, times the budget) and every tree check,
+  run in the unit (no count table: the checks' results are the unit's record);
+- ``greedy-tree``: one greedy tree case on one target (exact, deterministic);
 - ``end-to-end``: one end-to-end engine of one target (the sequence-law checks);
 - ``device``: the coupling and precision checks on the run's device;
 - ``suite``: the property suite on one target (a pytest subprocess).
@@ -17,8 +21,8 @@ target); chunk 0 is sampled from the case seed itself and chunk j >= 1 from
 
 The family-wise false-alarm rate is one Bonferroni budget: the device checks get the share of
 one more target (``alpha / (targets + 1)``) when the run has them; the rest is split evenly
-over every statistical assertion of the battery (chain cases and sequence-law tests of every
-target). The property suite spends its own documented rate per target.
+over every statistical assertion of the battery (chain cases, tree cases and sequence-law
+tests of every target). The property suite spends its own documented rate per target.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ from losslessness.adapters import (
     registered_adapters,
     resolve_adapter,
 )
-from losslessness.cases import ChainCase, GreedyCase
+from losslessness.cases import ChainCase, GreedyCase, GreedyTreeCase, TreeCase
 from losslessness.checks import STATISTICAL_CHAIN_CHECK_IDS, count_statistical_assertions
 from losslessness.checks.assertions import case_laws, law_is_statistical
 from losslessness.checks.ids import (
@@ -48,19 +52,28 @@ from losslessness.checks.ids import (
     GREEDY_CHECK_ID,
     SEQUENCE_GREEDY_CHECK_ID,
     SEQUENCE_LAW_CHECK_ID,
+    STATISTICAL_TREE_CHECK_IDS,
+    TREE_CHECK_IDS,
+    TREE_GREEDY_CHECK_ID,
 )
+from losslessness.checks.tree import tree_assertions, tree_steps
 from losslessness.design import RunConfig
 from losslessness.engine.battery import default_chain_battery, default_greedy_battery
 from losslessness.engine.draw import rows_per_call
 from losslessness.engine.end_to_end import EndToEndPlan, plan_end_to_end
+from losslessness.engine.tree_battery import (
+    TREE_CI_MAX_STEPS,
+    default_greedy_tree_battery,
+    default_tree_battery,
+)
 from losslessness.reference.block import declared_verification
 from losslessness.seeding import derive_seed
 from losslessness.stats import ErrorBudget, plan_identity_test
 
-PLAN_VERSION = "2"
+PLAN_VERSION = "3"
 """Version of the plan's description; shards of different versions never merge."""
 
-UNIT_KINDS = ("chain", "greedy", "end-to-end", "device", "suite")
+UNIT_KINDS = ("chain", "greedy", "tree", "greedy-tree", "end-to-end", "device", "suite")
 """Kinds of work unit, in grid order within a target."""
 
 DEVICE_CI_STEPS = 20_000
@@ -182,6 +195,33 @@ class ChainCasePlan:
 
 
 @dataclass(frozen=True)
+class TreeCasePlan:
+    """The trees of one tree case (the same for every target; one unit per target).
+
+    Attributes:
+        case_id, case_hash: the case.
+        ci_steps: trees of the CI plan (budget 1) at the run's alpha, capped.
+        needed_steps: trees the design (tv, alpha, power) asked for, before the caps
+            (``max_steps`` and :data:`~losslessness.engine.tree_battery.TREE_CI_MAX_STEPS`).
+        capped: a cap cut ``needed_steps`` (the results report a minimum detectable TV above
+            the design TV).
+        n_steps: the run's trees: ``ceil(ci_steps * budget)`` (``steps`` when the config fixes
+            it).
+        steps_per_call: trees per verifier call (the case's batch size).
+        seed: the case seed, ``derive_seed(run seed, "tree", case hash)``.
+    """
+
+    case_id: str
+    case_hash: str
+    ci_steps: int
+    needed_steps: int
+    capped: bool
+    n_steps: int
+    steps_per_call: int
+    seed: int
+
+
+@dataclass(frozen=True)
 class Unit:
     """One indivisible piece of the run's work.
 
@@ -189,9 +229,10 @@ class Unit:
         index: position in the grid; shard ``i/N`` runs the units with ``index % N == i``.
         kind: one of :data:`UNIT_KINDS`.
         target: the target's name (the device for ``device`` units).
-        case_id: the battery case (chain, greedy) or end-to-end engine, else empty.
+        case_id: the battery case (chain, greedy, tree, greedy-tree) or end-to-end engine,
+            else empty.
         chunk: the chunk index (chain), else 0.
-        steps: verification steps per row type of the chunk (chain), else 0.
+        steps: verification steps per row type of the chunk (chain), trees (tree), else 0.
     """
 
     index: int
@@ -220,6 +261,8 @@ class PlanRecord:
         unavailable: targets that did not load: (name, reason, named by the user).
         chain_cases: the chunk grid of every chain case, by case id.
         greedy_cases: case hash of every greedy case, by case id.
+        tree_cases: the trees of every tree case, by case id.
+        greedy_tree_cases: case hash of every greedy tree case, by case id.
         n_assertions: statistical assertions of the battery.
         battery_alpha: the battery's family-wise rate (split Bonferroni over ``n_assertions``).
         device_alpha: the device checks' family-wise rate (0 without them).
@@ -235,6 +278,8 @@ class PlanRecord:
     unavailable: tuple[tuple[str, str, bool], ...]
     chain_cases: dict[str, ChainCasePlan]
     greedy_cases: dict[str, str]
+    tree_cases: dict[str, TreeCasePlan]
+    greedy_tree_cases: dict[str, str]
     n_assertions: int
     battery_alpha: float
     device_alpha: float
@@ -279,6 +324,10 @@ class PlanRecord:
                     case_id: ChainCasePlan(**grid) for case_id, grid in data["chain_cases"].items()
                 },
                 greedy_cases=dict(data["greedy_cases"]),
+                tree_cases={
+                    case_id: TreeCasePlan(**grid) for case_id, grid in data["tree_cases"].items()
+                },
+                greedy_tree_cases=dict(data["greedy_tree_cases"]),
                 n_assertions=int(data["n_assertions"]),
                 battery_alpha=float(data["battery_alpha"]),
                 device_alpha=float(data["device_alpha"]),
@@ -309,6 +358,7 @@ class RunPlan:
         adapters: loaded adapters, in grid order.
         chain_cases, greedy_cases: the battery cases the run samples.
         end_to_end: each target's end-to-end plans, by target name.
+        tree_cases, greedy_tree_cases: the tree battery's cases the run samples.
     """
 
     record: PlanRecord
@@ -316,6 +366,8 @@ class RunPlan:
     chain_cases: list[ChainCase]
     greedy_cases: list[GreedyCase]
     end_to_end: dict[str, list[EndToEndPlan]] = field(default_factory=dict)
+    tree_cases: list[TreeCase] = field(default_factory=list)
+    greedy_tree_cases: list[GreedyTreeCase] = field(default_factory=list)
 
     @property
     def config(self) -> RunConfig:
@@ -348,6 +400,7 @@ class RunPlan:
         ``units``) will draw."""
         cases = {case.case_id: case for case in self.chain_cases}
         greedy = {case.case_id: case for case in self.greedy_cases}
+        greedy_trees = {case.case_id: case for case in self.greedy_tree_cases}
         e2e = {
             (name, entry.target.name): entry
             for name, entries in self.end_to_end.items()
@@ -359,6 +412,10 @@ class RunPlan:
                 total += unit.steps * cases[unit.case_id].n_rows
             elif unit.kind == "greedy":
                 total += greedy[unit.case_id].batch_size
+            elif unit.kind == "tree":
+                total += unit.steps
+            elif unit.kind == "greedy-tree":
+                total += greedy_trees[unit.case_id].batch_size
             elif unit.kind == "end-to-end":
                 total += e2e[(unit.target, unit.case_id)].planned_runs
         return total
@@ -410,6 +467,8 @@ def select_cases(
     greedy = default_greedy_battery()
     if config.cases:
         known = {case.case_id for case in chain} | {case.case_id for case in greedy}
+        known |= {case.case_id for case in default_tree_battery()}
+        known |= {case.case_id for case in default_greedy_tree_battery()}
         known |= {target.name for adapter in adapters for target in adapter.end_to_end}
         unknown = sorted(set(config.cases) - known)
         if unknown:
@@ -430,6 +489,42 @@ def select_cases(
         for adapter in adapters
     }
     return chain, greedy, end_to_end
+
+
+def select_tree_cases(config: RunConfig) -> tuple[list[TreeCase], list[GreedyTreeCase]]:
+    """The tree battery's tree and greedy tree cases the run covers (``config.cases`` and
+    ``config.only``); unknown ids are :func:`select_cases`'s to reject."""
+    tree = default_tree_battery()
+    greedy_tree = default_greedy_tree_battery()
+    if config.cases:
+        tree = [case for case in tree if case.case_id in config.cases]
+        greedy_tree = [case for case in greedy_tree if case.case_id in config.cases]
+    if not any(config.selects(check_id) for check_id in TREE_CHECK_IDS):
+        tree = []
+    if not config.selects(TREE_GREEDY_CHECK_ID):
+        greedy_tree = []
+    return tree, greedy_tree
+
+
+def _tree_case_plan(case: TreeCase, config: RunConfig, alpha: float) -> TreeCasePlan:
+    cap = min(config.max_steps, TREE_CI_MAX_STEPS)
+    ci_steps, needed = tree_steps(case, config.tv, alpha, config.power, cap, MIN_STEPS)
+    capped = needed > cap
+    if config.steps is not None:
+        ci_steps = needed = n_steps = config.steps
+        capped = False
+    else:
+        n_steps = max(1, math.ceil(ci_steps * config.budget))
+    return TreeCasePlan(
+        case_id=case.case_id,
+        case_hash=case.case_hash,
+        ci_steps=ci_steps,
+        needed_steps=needed,
+        capped=capped,
+        n_steps=n_steps,
+        steps_per_call=case.batch_size,
+        seed=derive_seed(config.seed, "tree", case.case_hash),
+    )
 
 
 def _chain_case_plan(case: ChainCase, config: RunConfig, alpha: float) -> ChainCasePlan:
@@ -481,12 +576,23 @@ def plan_run(
         chain = []
     if not any(adapter.greedy is not None for adapter in adapters):
         greedy = []
+    tree, greedy_tree = select_tree_cases(config)
+    tree_targets = [adapter for adapter in adapters if adapter.tree is not None]
+    if not tree_targets:
+        tree = []
+    if not any(adapter.greedy_tree is not None for adapter in adapters):
+        greedy_tree = []
     selected = tuple(c for c in STATISTICAL_CHAIN_CHECK_IDS if config.selects(c))
     n_assertions = len(chain_targets) * sum(
         count_statistical_assertions(case, rows_per_call(case), selected)
         for case in chain
         if selected
     )
+    selected_tree = tuple(c for c in STATISTICAL_TREE_CHECK_IDS if config.selects(c))
+    if selected_tree:
+        n_assertions += len(tree_targets) * sum(
+            tree_assertions(case).count(selected_tree) for case in tree
+        )
     if config.selects(SEQUENCE_LAW_CHECK_ID):
         # One identity test per sampled end-to-end target; greedy and drafts-accepted are exact.
         n_assertions += sum(not t.greedy for entries in end_to_end.values() for t in entries)
@@ -495,6 +601,7 @@ def plan_run(
     budget = ErrorBudget(max(1, n_assertions), config.family_wise_alpha - device_alpha)
     alpha = budget.per_assertion_alpha
     case_plans = {case.case_id: _chain_case_plan(case, config, alpha) for case in chain}
+    tree_plans = {case.case_id: _tree_case_plan(case, config, alpha) for case in tree}
     e2e_plans = {
         name: [plan_end_to_end(target, config, alpha) for target in entries]
         for name, entries in end_to_end.items()
@@ -521,6 +628,13 @@ def plan_run(
         if adapter.greedy is not None:
             for greedy_case in greedy:
                 add("greedy", adapter.name, greedy_case.case_id)
+        if adapter.tree is not None:
+            for tree_case in tree:
+                steps = tree_plans[tree_case.case_id].n_steps
+                add("tree", adapter.name, tree_case.case_id, 0, steps)
+        if adapter.greedy_tree is not None:
+            for greedy_tree_case in greedy_tree:
+                add("greedy-tree", adapter.name, greedy_tree_case.case_id)
         for entry in e2e_plans.get(adapter.name, []):
             add("end-to-end", adapter.name, entry.target.name)
     if with_device:
@@ -536,6 +650,8 @@ def plan_run(
         unavailable=tuple((t.name, t.reason, t.named) for t in unavailable),
         chain_cases=case_plans,
         greedy_cases={case.case_id: case.case_hash for case in greedy},
+        tree_cases=tree_plans,
+        greedy_tree_cases={case.case_id: case.case_hash for case in greedy_tree},
         n_assertions=budget.n_assertions,
         battery_alpha=budget.family_wise_alpha,
         device_alpha=device_alpha,
@@ -546,7 +662,7 @@ def plan_run(
         suite_targets=tuple(suite_targets),
         units=tuple(units),
     )
-    return RunPlan(record, adapters, chain, greedy, e2e_plans)
+    return RunPlan(record, adapters, chain, greedy, e2e_plans, tree, greedy_tree)
 
 
 __all__ = [
@@ -558,6 +674,7 @@ __all__ = [
     "ChainCasePlan",
     "PlanRecord",
     "RunPlan",
+    "TreeCasePlan",
     "UnavailableTarget",
     "Unit",
     "end_to_end_check_ids",
@@ -565,4 +682,5 @@ __all__ = [
     "plan_run",
     "resolve_targets",
     "select_cases",
+    "select_tree_cases",
 ]

@@ -32,10 +32,24 @@ from losslessness.adapters import Adapter, NotApplicable
 from losslessness.cases import ChainCase
 from losslessness.checks import malformed_output_result, run_chain_checks
 from losslessness.checks.greedy import check_greedy
-from losslessness.checks.ids import GREEDY_CHECK_ID, SAMPLED_CHAIN_CHECK_IDS
+from losslessness.checks.ids import (
+    GREEDY_CHECK_ID,
+    SAMPLED_CHAIN_CHECK_IDS,
+    TREE_CHECK_IDS,
+    TREE_GREEDY_CHECK_ID,
+    TREE_STRUCTURE_CHECK_ID,
+)
+from losslessness.checks.tree import check_tree_greedy, run_tree_checks
 from losslessness.design import RunConfig
 from losslessness.engine.battery import default_chain_battery, default_greedy_battery
-from losslessness.engine.draw import ProtocolViolation, TargetTimeout, sample_chain, sample_greedy
+from losslessness.engine.draw import (
+    ProtocolViolation,
+    TargetTimeout,
+    sample_chain,
+    sample_greedy,
+    sample_greedy_tree,
+    sample_tree,
+)
 from losslessness.engine.end_to_end import (
     EndToEndPlan,
     end_to_end_checks,
@@ -59,6 +73,7 @@ from losslessness.engine.shards import (
     merge_shards,
 )
 from losslessness.engine.tables import CountTable, chunk_table, concatenate_tables, expand_table
+from losslessness.engine.tree_battery import default_greedy_tree_battery, default_tree_battery
 from losslessness.results import (
     SCHEMA_VERSION,
     AuditResult,
@@ -227,6 +242,75 @@ def _run_greedy_unit(state: _ShardState, unit: Unit, record: UnitRecord) -> None
     record.checks = [check_greedy(outputs, case, context)]
 
 
+def _run_tree_unit(state: _ShardState, unit: Unit, record: UnitRecord) -> None:
+    plan = state.plan
+    adapter = plan.adapter(unit.target)
+    assert adapter.tree is not None
+    case = next(case for case in plan.tree_cases if case.case_id == unit.case_id)
+    grid = plan.record.tree_cases[unit.case_id]
+    context = _context(plan.record, unit.target, case.case_id, case.summary, case.case_hash,
+                       grid.seed)
+    selected = [c for c in TREE_CHECK_IDS if plan.config.selects(c)]
+    began = time.perf_counter()
+    try:
+        samples = sample_tree(
+            adapter.tree,
+            case,
+            unit.steps,
+            grid.seed,
+            plan.config.timeout_s,
+            progress=state.tracker.advance,
+        )
+    except ProtocolViolation as violation:
+        record.checks = [malformed_output_result(context, violation, TREE_STRUCTURE_CHECK_ID)]
+        record.verifier_time_s = time.perf_counter() - began
+        return
+    except Exception as error:
+        _target_error(state, record, error)
+        record.checks = [
+            context.untested(check_id, Verdict.ERROR, str(record.failure)) for check_id in selected
+        ]
+        record.verifier_time_s = time.perf_counter() - began
+        return
+    record.verify_steps = samples.n_steps
+    record.verifier_calls = samples.calls
+    record.verifier_time_s = samples.verifier_time_s
+    context = dataclasses.replace(context, sampling_time_s=samples.wall_time_s)
+    results = run_tree_checks(samples, context)
+    for result in results:
+        result.details.update(
+            steps=samples.n_steps, capped=grid.capped, ci_steps=grid.ci_steps,
+            needed_steps=grid.needed_steps,
+        )
+    record.checks = [result for result in results if plan.config.selects(result.check_id)]
+
+
+def _run_greedy_tree_unit(state: _ShardState, unit: Unit, record: UnitRecord) -> None:
+    plan = state.plan
+    adapter = plan.adapter(unit.target)
+    assert adapter.greedy_tree is not None
+    case = next(case for case in plan.greedy_tree_cases if case.case_id == unit.case_id)
+    context = _context(plan.record, unit.target, case.case_id, case.summary, case.case_hash, 0)
+    began = time.perf_counter()
+    try:
+        tokens, nodes = sample_greedy_tree(adapter.greedy_tree, case, plan.config.timeout_s)
+    except ProtocolViolation as violation:
+        record.checks = [malformed_output_result(context, violation, TREE_GREEDY_CHECK_ID)]
+        return
+    except Exception as error:
+        _target_error(state, record, error)
+        record.checks = [
+            context.untested(TREE_GREEDY_CHECK_ID, Verdict.ERROR, str(record.failure))
+        ]
+        return
+    finally:
+        record.verifier_time_s = time.perf_counter() - began
+        state.tracker.advance(case.batch_size)
+    record.verify_steps = case.batch_size
+    record.verifier_calls = 1
+    record.checks = [check_tree_greedy(tokens, nodes, case, context)]
+
+
 def _end_to_end_entry(plan: RunPlan, unit: Unit) -> EndToEndPlan:
     return next(
         entry for entry in plan.end_to_end[unit.target] if entry.target.name == unit.case_id
@@ -309,6 +393,8 @@ def _run_suite_unit(state: _ShardState, unit: Unit, record: UnitRecord) -> None:
 _UNIT_RUNNERS = {
     "chain": _run_chain_unit,
     "greedy": _run_greedy_unit,
+    "tree": _run_tree_unit,
+    "greedy-tree": _run_greedy_tree_unit,
     "end-to-end": _run_end_to_end_unit,
     "device": _run_device_unit,
     "suite": _run_suite_unit,
@@ -414,6 +500,15 @@ def _battery_cases(plan: PlanRecord) -> dict[str, ChainCase]:
                 f"plan: greedy case {case_id!r} differs from this losslessness's battery "
                 "(merge with the version that ran the shards)"
             )
+    tree = {case.case_id: case.case_hash for case in default_tree_battery()}
+    tree |= {case.case_id: case.case_hash for case in default_greedy_tree_battery()}
+    recorded = {case_id: grid.case_hash for case_id, grid in plan.tree_cases.items()}
+    for case_id, case_hash in (recorded | plan.greedy_tree_cases).items():
+        if tree.get(case_id) != case_hash:
+            raise ValueError(
+                f"plan: tree case {case_id!r} differs from this losslessness's tree battery "
+                "(merge with the version that ran the shards)"
+            )
     return cases
 
 
@@ -428,8 +523,17 @@ def replay_command(plan: PlanRecord, check: CheckResult, greedy: bool = False) -
     command = f"losslessness audit {check.target}"
     if greedy and check.check_id == GREEDY_CHECK_ID:
         command += " --greedy"
+    if check.check_id.startswith("tree.") and greedy:
+        # A pkg.module:callable audited as a tree verifier is named by its option.
+        option = "--tree-greedy" if check.check_id == TREE_GREEDY_CHECK_ID else "--tree"
+        command = f"losslessness audit {option} {check.target}"
     command += f" --seed {config.seed} --case {check.case_id} --only {check.check_id}"
-    steps = grid.n_steps if grid is not None else check.details.get("steps")
+    tree_grid = plan.tree_cases.get(check.case_id)
+    steps = (
+        grid.n_steps if grid is not None
+        else tree_grid.n_steps if tree_grid is not None
+        else check.details.get("steps")
+    )
     if steps:
         command += f" --steps {steps}"
     if grid is not None and grid.n_chunks > 1:

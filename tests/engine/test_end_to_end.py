@@ -18,11 +18,13 @@ from losslessness.adapters import Adapter, EndToEndTarget
 from losslessness.adapters.reference import adapter as reference_adapter
 from losslessness.adapters.toy import MUTANT_TEMPERATURE, adapter, mutant_adapter, toy_models
 from losslessness.checks import count_statistical_assertions
+from losslessness.checks.tree import tree_assertions
 from losslessness.cli import main
 from losslessness.design import AuditConfig
 from losslessness.engine import plan_run, run_audit
 from losslessness.engine.battery import default_chain_battery
 from losslessness.engine.draw import rows_per_call
+from losslessness.engine.tree_battery import default_tree_battery
 from losslessness.reference.decoding import SpeculativeDecoder
 from losslessness.reference.proposers import DraftModelProposer, Proposal, one_hot_rows
 from losslessness.reference.toy import MarkovLM
@@ -100,7 +102,8 @@ def test_sequence_law_assertions_share_the_bonferroni_budget_with_chain_checks()
     chain = sum(
         count_statistical_assertions(case, rows_per_call(case)) for case in default_chain_battery()
     )
-    assert plan.record.n_assertions == chain + 2
+    tree = sum(tree_assertions(case).count() for case in default_tree_battery())
+    assert plan.record.n_assertions == chain + tree + 2
     only = plan_run(AuditConfig(only=("sequence-law",)), [reference_adapter, adapter()])
     assert only.record.n_assertions == 2 and not only.chain_cases
 

@@ -1,0 +1,179 @@
+"""The tree battery of the default audit: tree and multi-draft cases for every draft scheme,
+and greedy tree cases (issue 11).
+
+Small and fast by design (N <= 14, V <= 8 for the sampled cases, so the exact laws
+enumerate): per draft scheme (``iid``, ``without-replacement``, ``top-k``) a chain written as a
+tree, a star (multi-draft speculative sampling: 2 iid drafts, 4 without replacement, the top
+8), a balanced binary tree of depth 3, an EAGLE-like dynamic shape (wide near the root,
+narrowing with depth; Li et al. 2024, EAGLE-2), a Medusa-like static tree (Cai et al. 2024,
+Medusa's sparse tree of top-k heads), a case whose p has exact zeros where q is positive; for
+``iid``, duplicates-heavy cases at V = 2 and 3 (siblings repeat tokens). Greedy tree cases
+(V <= 16): ties at the maximum, masked (``-inf``) logits and duplicate sibling tokens. Every
+case is built from :data:`TREE_BATTERY_SEED`, so its hash is the same everywhere.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from losslessness.cases import GreedyTreeCase, TreeCase
+from losslessness.protocol import DRAFT_SCHEMES
+
+TREE_BATTERY_SEED = 20230518
+"""Seed of the tree battery's construction (SpecInfer's first arXiv version, 2023-05-16,
+plus two)."""
+
+TREE_BATCH = 512
+"""Trees per verifier call of the battery's tree cases."""
+
+TREE_CI_MAX_STEPS = 8192
+"""Cap on the trees per case of the CI plan (budget 1), so that the default audit stays fast;
+results of a capped case state the larger minimum detectable TV they reach, and ``--budget``
+scales the trees like every other case's steps."""
+
+CHAIN = (0, 1, 2)
+BINARY_DEPTH_3 = (0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6)
+EAGLE_LIKE = (0, 0, 0, 0, 1, 1, 1, 2, 2, 3, 5, 5, 11)
+"""Wide near the root, narrowing with depth (the shape EAGLE-2's dynamic trees take: the
+root's top-4, three then two then one grandchildren, two and then one deeper)."""
+MEDUSA_LIKE = (0, 0, 0, 1, 1, 2, 2, 4)
+"""A sparse static tree of top-k heads (Medusa's shape in miniature: top-3 of head 1, top-2 of
+head 2 under its two best, top-1 of head 3 under the best)."""
+
+
+def _normalise(array: np.ndarray) -> np.ndarray:
+    out: np.ndarray = array / array.sum(axis=-1, keepdims=True)
+    return out
+
+
+def _markov(
+    rng: np.random.Generator, vocab: int, depth: int, closeness: float, zeros: int = 0
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A root p and q and Markov tables ``[depth, V, V]``: p Dirichlet(1), q a mixture of p
+    and an independent Dirichlet with weight ``1 - closeness``; ``zeros`` cells of every p row
+    set to 0 (q keeps them positive)."""
+    shape = (depth + 1, vocab, vocab)
+    p = rng.dirichlet(np.ones(vocab), size=shape[:2])
+    other = rng.dirichlet(np.ones(vocab), size=shape[:2])
+    q = _normalise(closeness * p + (1 - closeness) * other)
+    if zeros:
+        for index in np.ndindex(*shape[:2]):
+            p[index][rng.choice(vocab, size=zeros, replace=False)] = 0.0
+        p = _normalise(p)
+    as_tensor = torch.from_numpy
+    return (as_tensor(p[0, 0]).clone(), as_tensor(q[0, 0]).clone(),
+            as_tensor(p[1:]).clone(), as_tensor(q[1:]).clone())
+
+
+def _depth(parents: tuple[int, ...]) -> int:
+    depths = [0]
+    for parent in parents:
+        depths.append(depths[parent] + 1)
+    return max(depths)
+
+
+def _tree_case(
+    rng: np.random.Generator,
+    case_id: str,
+    shape_name: str,
+    parents: tuple[int, ...],
+    scheme: str,
+    vocab: int,
+    closeness: float = 0.6,
+    zeros: int = 0,
+    tags: frozenset[str] = frozenset(),
+) -> TreeCase:
+    root_p, root_q, target, draft = _markov(rng, vocab, _depth(parents), closeness, zeros)
+    extra = f", {zeros} zero-mass tokens per p row" if zeros else ""
+    summary = f"{shape_name} N={len(parents)} V={vocab} {scheme}{extra}"
+    return TreeCase(
+        case_id, summary, parents, root_p, root_q, target, draft, scheme, TREE_BATCH,
+        frozenset({shape_name.split()[0], scheme, *tags}),
+    )
+
+
+def default_tree_battery() -> list[TreeCase]:
+    """The tree-verifier battery of the default audit (deterministic).
+
+    Returns:
+        :class:`TreeCase` objects, ids ``tree-<shape>-<scheme>``.
+    """
+    rng = np.random.default_rng(TREE_BATTERY_SEED)
+    short = {"iid": "iid", "without-replacement": "wor", "top-k": "topk"}
+    cases = []
+    stars = {"iid": 2, "without-replacement": 4, "top-k": 8}
+    for scheme in DRAFT_SCHEMES:
+        name = short[scheme]
+        n_star = stars[scheme]
+        cases += [
+            _tree_case(rng, f"tree-chain-{name}", "chain", CHAIN, scheme, 4),
+            _tree_case(rng, f"tree-star{n_star}-{name}", f"star of {n_star}", (0,) * n_star,
+                       scheme, 8, 0.4),
+            _tree_case(rng, f"tree-binary-{name}", "binary depth 3", BINARY_DEPTH_3, scheme, 4),
+            _tree_case(rng, f"tree-eagle-{name}", "EAGLE-like dynamic", EAGLE_LIKE, scheme, 4),
+            _tree_case(rng, f"tree-medusa-{name}", "Medusa-like static", MEDUSA_LIKE, scheme, 4),
+            _tree_case(rng, f"tree-zeros-{name}", "star of 3 then chain", (0, 0, 0, 1), scheme,
+                       6, zeros=2, tags=frozenset({"zeros"})),
+        ]
+    cases += [
+        _tree_case(rng, "tree-dup-v2-iid", "star of 4, duplicates", (0,) * 4, "iid", 2,
+                   tags=frozenset({"duplicates"})),
+        _tree_case(rng, "tree-dup-v3-iid", "binary depth 2, duplicates", (0, 0, 1, 1, 2, 2),
+                   "iid", 3, tags=frozenset({"duplicates"})),
+    ]
+    return cases
+
+
+def _greedy_tree_case(
+    rng: np.random.Generator,
+    case_id: str,
+    summary: str,
+    parents: tuple[int, ...],
+    vocab: int,
+    batch: int,
+    tie_levels: int,
+    masked: float,
+    follow: float,
+    tags: frozenset[str],
+) -> GreedyTreeCase:
+    """Logits on ``tie_levels`` integer levels (ties at the maximum), a share ``masked`` of
+    cells ``-inf`` (never a whole row), and trees whose tokens are the argmax of their parent's
+    row with probability ``follow`` (so paths go deep), duplicates allowed."""
+    nodes = len(parents)
+    logits = rng.integers(0, tie_levels, size=(batch, nodes + 1, vocab)).astype(np.float64)
+    mask = rng.random(logits.shape) < masked
+    mask[..., 0] &= ~mask.all(axis=-1)
+    logits[mask] = -np.inf
+    tokens = np.empty((batch, nodes), dtype=np.int64)
+    for j, parent in enumerate(parents):
+        best = logits[:, parent].argmax(axis=-1)
+        random = rng.integers(0, vocab, size=batch)
+        tokens[:, j] = np.where(rng.random(batch) < follow, best, random)
+    return GreedyTreeCase(
+        case_id,
+        summary,
+        torch.from_numpy(logits),
+        torch.tensor(parents, dtype=torch.int64).expand(batch, -1).contiguous(),
+        torch.from_numpy(tokens),
+        tags,
+    )
+
+
+def default_greedy_tree_battery() -> list[GreedyTreeCase]:
+    """The greedy-tree-verifier battery of the default audit (deterministic).
+
+    Returns:
+        :class:`GreedyTreeCase` objects: ties at the maximum, masked logits, duplicate sibling
+        tokens, on the battery's shapes.
+    """
+    rng = np.random.default_rng(TREE_BATTERY_SEED + 1)
+    return [
+        _greedy_tree_case(rng, "greedy-tree-ties", "binary depth 3, V=8, 3-level logits (ties)",
+                          BINARY_DEPTH_3, 8, 128, 3, 0.0, 0.7, frozenset({"ties"})),
+        _greedy_tree_case(rng, "greedy-tree-masked", "EAGLE-like, V=16, 40% -inf logits",
+                          EAGLE_LIKE, 16, 128, 50, 0.4, 0.6, frozenset({"masked"})),
+        _greedy_tree_case(rng, "greedy-tree-duplicates", "star of 4 then chains, V=3, duplicate "
+                          "siblings, ties", (0, 0, 0, 0, 1, 2, 5), 3, 128, 2, 0.2, 0.8,
+                          frozenset({"duplicates", "ties", "masked"})),
+    ]
