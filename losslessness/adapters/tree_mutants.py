@@ -662,8 +662,10 @@ def _greedy_walk(best: torch.Tensor, parents: torch.Tensor, ids: torch.Tensor, *
 def greedy_first_child_only(
     target_logits: torch.Tensor, parents: torch.Tensor, token_ids: torch.Tensor
 ) -> TreeOutput:
-    """LOSSY: only each node's first child is compared with the target's argmax (the tree is
-    walked as the chain of first children), so a matching later sibling is never accepted.
+    """LOSSLESS control, SUBOPTIMAL: only each node's first child is compared with the target's
+    argmax (the tree is walked as the chain of first children), so a matching later sibling is
+    never accepted; every emitted token is still greedy decoding's, so the audit must warn
+    (SUBOPTIMAL), never call it LOSSY.
 
     Source: EAGLE's and Medusa's greedy ``evaluate_posterior`` compare every candidate path
     (``candidates[:, 1:] == argmax(logits[:, :-1])``) and keep the longest
@@ -688,9 +690,10 @@ def greedy_first_child_only(
 def greedy_highest_index_match(
     target_logits: torch.Tensor, parents: torch.Tensor, token_ids: torch.Tensor
 ) -> TreeOutput:
-    """LOSSY: among a node's children whose token is the argmax, the highest-index one is
-    followed instead of the lowest-index one, so with repeated sibling tokens the walk enters
-    another subtree (whose rows may have other argmaxes) than greedy tree verification.
+    """LOSSLESS control: among a node's children whose token is the argmax, the highest-index
+    one is followed instead of the lowest-index one. With repeated sibling tokens the walk
+    enters another subtree than the reference's, but both duplicates continue greedy decoding
+    (under a real model they share their logits), so the audit must not call it LOSSY.
 
     Source: SGLang's ``verify_tree_greedy`` walks siblings in ``retrive_next_sibling`` order
     and takes the first match
@@ -1160,14 +1163,16 @@ def _specs() -> tuple[TreeMutantSpec, ...]:
          "threshold_single = 0.5: any sibling with p(x) >= 0.5 accepted", SGLANG_SOURCE),
         ("tree-sglang-threshold-acc", sglang_threshold_acc, False, True,
          "threshold_acc = 0.5: coin <= prob_acc / 0.5 doubles acceptance", SGLANG_SOURCE),
-        ("tree-greedy-first-child-only", greedy_first_child_only, True, True,
-         "only each node's first child compared with the argmax", EAGLE_SOURCE),
-        ("tree-greedy-highest-index-match", greedy_highest_index_match, True, True,
-         "highest-index matching child followed, greedy takes the lowest", SGLANG_GREEDY_SOURCE),
         ("tree-greedy-first-matching-path", greedy_first_matching_path, True, True,
          "longest match's length, first matching path's tokens", EAGLE_SOURCE),
         ("tree-greedy-final-from-parent", greedy_final_from_parent, True, True,
          "final token is the argmax of the last accepted node's parent", SGLANG_GREEDY_SOURCE),
+        ("tree-greedy-first-child-only", greedy_first_child_only, True, False,
+         "only each node's first child compared: greedy tokens, fewer accepted (SUBOPTIMAL)",
+         EAGLE_SOURCE),
+        ("tree-greedy-highest-index-match", greedy_highest_index_match, True, False,
+         "highest-index duplicate child followed: either duplicate continues greedy decoding",
+         SGLANG_GREEDY_SOURCE),
         ("tree-siblings-reversed", siblings_reversed, False, False,
          "iid/top-k siblings tried last to first: exchangeable, still exact", SPECINFER_SOURCE),
         ("tree-exponential-race-final", exponential_race_final, False, False,

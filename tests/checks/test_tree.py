@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from losslessness.adapters import tree_mutants
 from losslessness.cases import TreeCase
 from losslessness.checks import tree as tree_checks
 from losslessness.checks.tree import (
@@ -246,19 +247,40 @@ def _highest_index_greedy(target_logits, parents, token_ids):  # type: ignore[no
     return TreeOutput(out.tokens, nodes)
 
 
-def test_greedy_passes_on_the_reference_and_is_lossy_for_the_wrong_duplicate_child() -> None:
-    """tree.greedy is exact: the reference PASSes every battery case; choosing the
-    highest-index child among duplicate siblings is LOSSY on the duplicates case."""
-    for case in default_greedy_tree_battery():
-        out = verify_tree_greedy(case.target_logits, case.parents, case.token_ids)
-        result = check_tree_greedy(out.tokens.numpy(), out.accepted_nodes.numpy(), case,
-                                   _context(case.case_id))
-        assert result.verdict is Verdict.PASS
+def test_greedy_passes_any_duplicate_choice_flags_early_stops_and_wrong_tokens() -> None:
+    """tree.greedy checks greedy decoding, not one walk: the reference PASSes every battery
+    case, and so does a walk into the highest-index child among duplicate siblings (a real
+    model gives both the same logits); stopping at the first child only is SUBOPTIMAL; a final
+    token from the parent's row and the first matching path's tokens are LOSSY."""
+    cases = default_greedy_tree_battery()
+    expected = {
+        verify_tree_greedy: Verdict.PASS,
+        tree_mutants.greedy_highest_index_match: Verdict.PASS,
+        tree_mutants.greedy_first_child_only: Verdict.SUBOPTIMAL,
+        tree_mutants.greedy_final_from_parent: Verdict.LOSSY,
+        tree_mutants.greedy_first_matching_path: Verdict.LOSSY,
+    }
+    for verifier, verdict in expected.items():
+        verdicts = set()
+        for case in cases:
+            out = verifier(case.target_logits, case.parents, case.token_ids)
+            result = check_tree_greedy(out.tokens.numpy(), out.accepted_nodes.numpy(), case,
+                                       _context(case.case_id))
+            verdicts.add(result.verdict)
+        worst = Verdict.LOSSY if Verdict.LOSSY in verdicts else (
+            Verdict.SUBOPTIMAL if Verdict.SUBOPTIMAL in verdicts else Verdict.PASS)
+        assert worst is verdict, (verifier, verdicts)
+
+
+def test_greedy_shows_the_first_bad_tree() -> None:
+    """A LOSSY tree.greedy result names the first bad tree, why, and what greedy tree
+    verification gives there."""
     case = next(c for c in default_greedy_tree_battery() if "duplicates" in c.tags)
     out = _highest_index_greedy(case.target_logits, case.parents, case.token_ids)
     result = check_tree_greedy(out.tokens.numpy(), out.accepted_nodes.numpy(), case,
                                _context(case.case_id))
-    assert result.verdict is Verdict.LOSSY and "expected nodes" in result.message
+    assert result.verdict is Verdict.LOSSY
+    assert "First: tree" in result.message and "greedy tree verification gives" in result.message
 
 
 def test_pilot_assertions_are_deterministic_and_cached_by_case_hash() -> None:
