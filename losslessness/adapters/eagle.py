@@ -52,7 +52,7 @@ from typing import Any
 
 import torch
 
-from losslessness.adapters.base import Adapter, AdapterUnavailable
+from losslessness.adapters.base import Adapter, AdapterUnavailable, NotApplicable
 from losslessness.adapters.engines import (
     EngineSpec,
     installed_version,
@@ -61,7 +61,6 @@ from losslessness.adapters.engines import (
 )
 from losslessness.protocol import (
     PLACEHOLDER,
-    InvalidInputError,
     TreeOutput,
     tree_depths,
     validate_greedy_tree_inputs,
@@ -196,11 +195,11 @@ class EagleTreeSampler(_EagleVerifier):
             target_probs, draft_probs, parents, token_ids, draft_scheme, generator
         )
         if draft_scheme not in self.draft_schemes:
-            raise InvalidInputError(
-                "draft_scheme",
+            raise NotApplicable(
                 f"{draft_scheme!r} is not supported: EAGLE's draft samples a node's children "
                 "without replacement and its verifier divides by that draw's probability and "
                 "skips repeated tokens; it supports 'without-replacement' only",
+                argument="draft_scheme",
             )
         parents = parents.long().cpu()
         depth = int(tree_depths(parents).max())

@@ -50,7 +50,7 @@ from typing import Any
 
 import torch
 
-from losslessness.adapters.base import Adapter, AdapterUnavailable
+from losslessness.adapters.base import Adapter, AdapterUnavailable, NotApplicable
 from losslessness.adapters.engines import (
     EngineSpec,
     installed_version,
@@ -59,7 +59,6 @@ from losslessness.adapters.engines import (
 )
 from losslessness.protocol import (
     PLACEHOLDER,
-    InvalidInputError,
     TreeOutput,
     tree_depths,
     validate_greedy_tree_inputs,
@@ -226,10 +225,10 @@ class MedusaTypicalTreeVerifier(_MedusaVerifier):
             target_probs, draft_probs, parents, token_ids, draft_scheme, generator
         )
         if draft_scheme not in self.draft_schemes:
-            raise InvalidInputError(
-                "draft_scheme",
+            raise NotApplicable(
                 f"{draft_scheme!r} is not supported: Medusa's trees are the top-k tokens of "
                 "its heads and typical acceptance ignores q; it supports 'top-k' only",
+                argument="draft_scheme",
             )
         logits = target_probs.to(torch.float64).log()
         return self._verify(logits, parents, token_ids, 1.0, self.posterior_threshold,

@@ -90,6 +90,7 @@ from losslessness.adapters.base import (
     Adapter,
     AdapterUnavailable,
     KernelVerifier,
+    NotApplicable,
     import_optional,
     require_cuda,
 )
@@ -486,13 +487,13 @@ class SglangTreeTargetOnly(KernelVerifier):
             target_probs, draft_probs, parents, token_ids, draft_scheme, generator
         )
         if draft_scheme not in self.draft_schemes:
-            raise InvalidInputError(
-                "draft_scheme",
+            raise NotApplicable(
                 f"{draft_scheme!r} is not supported: SGLang's tree_speculative_sampling_"
                 "target_only ignores q and accepts a child with the target's cumulative "
                 "mass over its siblings (rejection sampling for deterministic drafts): "
                 "repeated sibling tokens ('iid') are counted twice, and sampled siblings "
                 "would be verified without their draft law; it supports 'top-k' only",
+                argument="draft_scheme",
             )
         device, slots = self.device, nodes + 1
         tree = parents.long().cpu()

@@ -635,7 +635,7 @@ def run_tree_checks(samples: TreeSamples, context: CheckContext) -> list[CheckRe
     ]
 
 
-def _greedy_violation(
+def greedy_violation(
     tokens: np.ndarray,
     nodes: np.ndarray,
     best: np.ndarray,
@@ -643,7 +643,16 @@ def _greedy_violation(
     ids: np.ndarray,
 ) -> tuple[str, str]:
     """How one tree's greedy output breaks greedy decoding (``"lossy"``), merely stops early
-    (``"suboptimal"``) or neither (``""``), with the reason."""
+    (``"suboptimal"``) or neither (``""``), with the reason (see :func:`check_tree_greedy`).
+
+    Args:
+        tokens: ``[D+1]`` int64, the emitted tokens. nodes: ``[D]`` int64, the accepted nodes.
+        best: ``[N+1]`` int64, the argmax (lowest index on ties) at every node.
+        parents: ``[N]`` int64. ids: ``[N]`` int64, the nodes' tokens.
+
+    Returns:
+        ``(kind, reason)``.
+    """
     current, position = 0, 0
     for node in nodes:
         if node == PLACEHOLDER:
@@ -712,7 +721,7 @@ def check_tree_greedy(
     best = argmax_lowest_index(case.target_logits).numpy()
     parents, ids = case.parents.numpy(), case.token_ids.numpy()
     found = [
-        _greedy_violation(tokens[b], accepted_nodes[b], best[b], parents[b], ids[b])
+        greedy_violation(tokens[b], accepted_nodes[b], best[b], parents[b], ids[b])
         for b in range(case.batch_size)
     ]
     lossy = [b for b, (kind, _) in enumerate(found) if kind == "lossy"]

@@ -267,8 +267,9 @@ def _run_tree_unit(state: _ShardState, unit: Unit, record: UnitRecord) -> None:
         return
     except Exception as error:
         _target_error(state, record, error)
+        verdict = Verdict.SKIPPED if record.failure_kind == NOT_APPLICABLE else Verdict.ERROR
         record.checks = [
-            context.untested(check_id, Verdict.ERROR, str(record.failure)) for check_id in selected
+            context.untested(check_id, verdict, str(record.failure)) for check_id in selected
         ]
         record.verifier_time_s = time.perf_counter() - began
         return
@@ -299,9 +300,8 @@ def _run_greedy_tree_unit(state: _ShardState, unit: Unit, record: UnitRecord) ->
         return
     except Exception as error:
         _target_error(state, record, error)
-        record.checks = [
-            context.untested(TREE_GREEDY_CHECK_ID, Verdict.ERROR, str(record.failure))
-        ]
+        verdict = Verdict.SKIPPED if record.failure_kind == NOT_APPLICABLE else Verdict.ERROR
+        record.checks = [context.untested(TREE_GREEDY_CHECK_ID, verdict, str(record.failure))]
         return
     finally:
         record.verifier_time_s = time.perf_counter() - began

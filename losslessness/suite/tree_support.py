@@ -22,7 +22,9 @@ from hypothesis import note
 from hypothesis import strategies as st
 
 from losslessness.cases import GreedyTreeCase, TreeCase
+from losslessness.checks.tree import greedy_violation
 from losslessness.protocol import GreedyTreeVerifier, TreeVerifier
+from losslessness.reference.greedy import argmax_lowest_index
 from losslessness.reference.tree import verify_tree_greedy
 from losslessness.seeding import derive_seed
 from losslessness.stats import identity_test
@@ -309,9 +311,10 @@ def run_tree_example(verifier: TreeVerifier, case: TreeCase, replay: str) -> Non
 def greedy_tree_failure(
     verifier: GreedyTreeVerifier, case: GreedyTreeCase, replay: str
 ) -> str | None:
-    """The message for the first tree where ``verifier`` differs from
-    :func:`losslessness.reference.tree.verify_tree_greedy` (or returns a malformed output), or
-    None when every tree agrees."""
+    """The message for the first tree where ``verifier`` breaks greedy decoding (a token that
+    is not the argmax at its node, a path not in the tree: :func:`losslessness.checks.tree.
+    greedy_violation`) or returns a malformed output, or None. Any duplicate child carrying the
+    argmax is a correct continuation, and stopping early only wastes drafts."""
     logits, parents, ids = case.target_logits, case.parents, case.token_ids
     expected = verify_tree_greedy(logits, parents, ids)
     output = verifier(logits.clone(), parents.clone(), ids.clone())
@@ -335,13 +338,17 @@ def greedy_tree_failure(
         return "\n".join([*header, f"  malformed output {got}, expected int64 tensors of "
                           f"shapes {tuple(expected.tokens.shape)} and "
                           f"{tuple(expected.accepted_nodes.shape)}", f"  replay: {replay}"])
-    tokens, accepted = output[0].cpu(), output[1].cpu()
-    differs = ((tokens != expected.tokens).any(dim=1)
-               | (accepted != expected.accepted_nodes).any(dim=1))
-    if not bool(differs.any()):
+    tokens, accepted = output[0].cpu().numpy(), output[1].cpu().numpy()
+    best = argmax_lowest_index(logits).numpy()
+    found = [
+        greedy_violation(tokens[b], accepted[b], best[b], parents[b].numpy(), ids[b].numpy())
+        for b in range(case.batch_size)
+    ]
+    lossy = [b for b, (kind, _) in enumerate(found) if kind == "lossy"]
+    if not lossy:
         return None
-    b = int(torch.nonzero(differs)[0])
-    lines = [*header, f"  row {b}: token_ids {ids[b].tolist()}"]
+    b = lossy[0]
+    lines = [*header, f"  row {b}: token_ids {ids[b].tolist()}: {found[b][1]}"]
     for node in range(case.target_logits.shape[1]):
         row = logits[b, node]
         tied = int((row == row.max()).sum())
@@ -353,7 +360,7 @@ def greedy_tree_failure(
             lines.append("  ...")
             break
     lines += [
-        f"  expected tokens {expected.tokens[b].tolist()}, accepted "
+        f"  greedy tree verification gives tokens {expected.tokens[b].tolist()}, accepted "
         f"{expected.accepted_nodes[b].tolist()}",
         f"  got tokens {tokens[b].tolist()}, accepted {accepted[b].tolist()}",
         f"  replay: {replay}",
