@@ -18,8 +18,11 @@ from losslessness.adapters import Adapter, AdapterNotFound, AdapterUnavailable, 
 from losslessness.commands.options import build_config, design_options
 from losslessness.engine import UnavailableTarget, run_audit
 
-DEFAULT_TARGETS = ("reference", "transformers", "transformers-generate")
-"""What ``losslessness audit`` audits when no target is named."""
+DEFAULT_TARGETS = ("reference", "transformers", "transformers-generate", "toy-tree", "medusa")
+"""What ``losslessness audit`` audits when no target is named: our reference (chain, greedy,
+tree and greedy tree batteries), transformers' real sampler and generation loops, the toy
+EAGLE/Medusa/SpecInfer tree decoding loops end to end, and medusa-llm's greedy tree verifier
+(a third-party tree verifier from PyPI; UNAVAILABLE, not an error, when it is not installed)."""
 
 
 def resolve_named_targets(
