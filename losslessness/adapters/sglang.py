@@ -426,11 +426,7 @@ class SglangGreedyTreeVerifier(KernelVerifier):
         tree = parents.long().cpu()
         depth = int(tree_depths(tree).max())
         layout = to_sglang(tree, token_ids, torch.zeros(batch, dtype=torch.int64))
-        index, next_token, sibling = (
-            layout.retrive_index, layout.retrive_next_token, layout.retrive_next_sibling
-        )
-        candidates = torch.zeros((batch, slots), dtype=torch.int64)
-        candidates[:, 1:] = token_ids.long().cpu()
+        candidates, index, next_token, sibling = layout
         target_predict = target_logits.argmax(dim=-1).to(torch.int64)
         predicts = torch.full((batch * slots,), PLACEHOLDER, dtype=torch.int64, device=device)
         accept_index = torch.full(
@@ -499,11 +495,7 @@ class SglangTreeTargetOnly(KernelVerifier):
         tree = parents.long().cpu()
         depth = int(tree_depths(tree).max())
         layout = to_sglang(tree, token_ids, torch.zeros(batch, dtype=torch.int64))
-        index, next_token, sibling = (
-            layout.retrive_index, layout.retrive_next_token, layout.retrive_next_sibling
-        )
-        candidates = torch.zeros((batch, slots), dtype=torch.int64)
-        candidates[:, 1:] = token_ids.long().cpu()
+        candidates, index, next_token, sibling = layout
         coins = torch.rand((batch, slots), generator=generator, device=generator.device)
         final = torch.rand((batch,), generator=generator, device=generator.device)
         predicts = torch.full((batch * slots,), PLACEHOLDER, dtype=torch.int32, device=device)

@@ -167,6 +167,15 @@ def _target_error(state: _ShardState, record: UnitRecord, error: BaseException) 
         state.hung[record.target] = record.failure
 
 
+def _untested(
+    context: CheckContext, record: UnitRecord, check_ids: Sequence[str]
+) -> list[CheckResult]:
+    """The results of checks a failed unit could not run: SKIPPED when the target refused the
+    case as not applicable, ERROR otherwise, with the unit's failure as the message."""
+    verdict = Verdict.SKIPPED if record.failure_kind == NOT_APPLICABLE else Verdict.ERROR
+    return [context.untested(check_id, verdict, str(record.failure)) for check_id in check_ids]
+
+
 def _run_chain_unit(state: _ShardState, unit: Unit, record: UnitRecord) -> None:
     plan = state.plan
     adapter = plan.adapter(unit.target)
@@ -231,8 +240,7 @@ def _run_greedy_unit(state: _ShardState, unit: Unit, record: UnitRecord) -> None
         return
     except Exception as error:
         _target_error(state, record, error)
-        verdict = Verdict.SKIPPED if record.failure_kind == NOT_APPLICABLE else Verdict.ERROR
-        record.checks = [context.untested(GREEDY_CHECK_ID, verdict, str(record.failure))]
+        record.checks = _untested(context, record, [GREEDY_CHECK_ID])
         return
     finally:
         record.verifier_time_s = time.perf_counter() - began
@@ -267,10 +275,7 @@ def _run_tree_unit(state: _ShardState, unit: Unit, record: UnitRecord) -> None:
         return
     except Exception as error:
         _target_error(state, record, error)
-        verdict = Verdict.SKIPPED if record.failure_kind == NOT_APPLICABLE else Verdict.ERROR
-        record.checks = [
-            context.untested(check_id, verdict, str(record.failure)) for check_id in selected
-        ]
+        record.checks = _untested(context, record, selected)
         record.verifier_time_s = time.perf_counter() - began
         return
     record.verify_steps = samples.n_steps
@@ -300,8 +305,7 @@ def _run_greedy_tree_unit(state: _ShardState, unit: Unit, record: UnitRecord) ->
         return
     except Exception as error:
         _target_error(state, record, error)
-        verdict = Verdict.SKIPPED if record.failure_kind == NOT_APPLICABLE else Verdict.ERROR
-        record.checks = [context.untested(TREE_GREEDY_CHECK_ID, verdict, str(record.failure))]
+        record.checks = _untested(context, record, [TREE_GREEDY_CHECK_ID])
         return
     finally:
         record.verifier_time_s = time.perf_counter() - began
@@ -342,10 +346,7 @@ def _run_end_to_end_unit(state: _ShardState, unit: Unit, record: UnitRecord) -> 
             record.verifier_calls = len(samples.sequences)
             record.verifier_time_s = samples.inside_s
             return
-    verdict = Verdict.SKIPPED if record.failure_kind == NOT_APPLICABLE else Verdict.ERROR
-    record.checks = [
-        context.untested(check_id, verdict, str(record.failure)) for check_id in selected
-    ]
+    record.checks = _untested(context, record, selected)
 
 
 def _run_device_unit(state: _ShardState, unit: Unit, record: UnitRecord) -> None:
