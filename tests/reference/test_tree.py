@@ -93,6 +93,14 @@ def _bad_trees() -> list[tuple[str, Callable[[], object], str]]:
     big[0, 0] = 6
     cases.append(("token id outside the vocabulary", lambda: _call(t, d, p, big), "token_ids"))
     cases.append(("target not a distribution", lambda: _call(t * 2, d, p, i), "target_probs"))
+    nan_target, nan_draft = t.clone(), d.clone()
+    nan_target[0, 1, 0] = float("nan")
+    nan_draft[0, 0, 0] = float("nan")
+    cases.append(("NaN in target_probs", lambda: _call(nan_target, d, p, i), "target_probs"))
+    cases.append(("NaN in draft_probs", lambda: _call(t, nan_draft, p, i), "draft_probs"))
+    negative = i.clone()
+    negative[0, 0] = -1
+    cases.append(("negative token id", lambda: _call(t, d, p, negative), "token_ids"))
     cases.append(("unknown scheme", lambda: _call(t, d, p, i, "beam"), "draft_scheme"))
     cases.append(("generator of the wrong type", lambda: _call(t, d, p, i, "iid", 3),
                   "generator"))
