@@ -110,6 +110,16 @@ class RunConfig(RunDesign):
         suite_profile: the suite's Hypothesis profile (``dev``, ``ci``, ``nightly``).
         suite_targets: targets the suite runs on; None means every target with a chain or
             greedy verifier.
+        early_stop: sequential LOSSY detection: each chain assertion's level is split
+            between an e-process, looked at after every verifier call, and the fixed-n test
+            (:data:`~losslessness.stats.sequential.SEQUENTIAL_ALPHA_SHARE`); a case stops as
+            soon as an e-value crosses or an exact check fires, and the other cases of its
+            target stop with it. False gives the whole level to the fixed-n test and samples
+            every planned step (the fixed design).
+        time_budget_s: seconds the run may sample for (``--time-budget``): a warm-up measures
+            every target's throughput and the design TV is raised until the plan fits
+            (:mod:`losslessness.engine.budget`); sampling stops at the budget. None: no
+            budget.
 
     Raises:
         ValueError: naming the field, for values out of range.
@@ -128,9 +138,17 @@ class RunConfig(RunDesign):
     suite: bool = False
     suite_profile: str = "ci"
     suite_targets: tuple[str, ...] | None = None
+    early_stop: bool = True
+    time_budget_s: float | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.time_budget_s is not None and not (
+            math.isfinite(self.time_budget_s) and self.time_budget_s > 0
+        ):
+            raise ValueError(
+                f"time_budget_s: must be a positive number of seconds, got {self.time_budget_s}"
+            )
         if self.max_steps < 1:
             raise ValueError(f"max_steps: must be >= 1, got {self.max_steps}")
         if self.steps is not None and self.steps < 1:
@@ -171,8 +189,9 @@ class RunConfig(RunDesign):
     @classmethod
     def nightly(cls, device: str = "cpu", **overrides: Any) -> RunConfig:
         """The nightly config on ``device``: :data:`DEVICE_DEFAULTS` of the device, chunks of
-        :data:`CHUNK_STEPS`, device checks and the property suite on, then ``overrides``
-        (fields given as None keep the default).
+        :data:`CHUNK_STEPS`, device checks and the property suite on, no early stop (every
+        planned step is sampled: N shards merge into exactly the one-process run, and trends
+        compare full samples), then ``overrides`` (fields given as None keep the default).
 
         Raises:
             ValueError: unknown device, or a field out of range.
@@ -188,6 +207,7 @@ class RunConfig(RunDesign):
             "suite": True,
             "suite_profile": defaults.suite_profile,
             "suite_targets": defaults.suite_targets,
+            "early_stop": False,
         }
         values.update({key: value for key, value in overrides.items() if value is not None})
         return cls(**values)

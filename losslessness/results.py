@@ -102,6 +102,50 @@ class AcceptanceCounts:
         return cls(**data)
 
 
+LOG_E_CLIP = 1e9
+"""Bound on a recorded log e-value's magnitude (``-inf``: no evidence at all; ``inf``: an
+impossible observation; both far beyond any threshold)."""
+
+
+@dataclass(frozen=True)
+class SequentialEvidence:
+    """What an assertion's sequential test (an e-process, :mod:`losslessness.stats.sequential`)
+    saw: the run may stop a case with LOSSY as soon as an e-value crosses
+    ``1 / alpha_sequential`` (Ville's inequality bounds that false-alarm probability by
+    ``alpha_sequential`` at any stopping time).
+
+    Attributes:
+        alpha: the assertion's sequential level (its fixed-n test has ``CheckResult.alpha``).
+        log_e_value: natural log of the e-value at the last look, clipped to
+            [-:data:`LOG_E_CLIP`, :data:`LOG_E_CLIP`] so that records stay finite.
+        log_threshold: natural log of the crossing threshold (``log(shards / alpha)``).
+        steps: steps per row type the last look saw.
+        crossed: the e-value crossed the threshold (the assertion is LOSSY).
+    """
+
+    alpha: float
+    log_e_value: float
+    log_threshold: float
+    steps: int
+    crossed: bool
+
+    @property
+    def e_value_text(self) -> str:
+        """The e-value for messages (``e^x`` beyond float range)."""
+        if self.log_e_value > 700:
+            return f"e^{self.log_e_value:.0f}"
+        return f"{math.exp(self.log_e_value):.3g}"
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-able form (the fields; every number is finite)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SequentialEvidence:
+        """Inverse of :meth:`to_json`."""
+        return cls(**data)
+
+
 @dataclass
 class CheckResult:
     """One assertion's record (DESIGN.md section 4; issue 2, item 4).
@@ -137,6 +181,8 @@ class CheckResult:
         cells: what a law check observed per cell (law and one-hot checks), else None.
         acceptance: what an acceptance check observed (acceptance and its edge checks), else
             None.
+        sequential: the assertion's sequential test (level and e-value), when the run had
+            one; ``alpha`` is then the fixed-n test's share of the assertion's level.
     """
 
     check_id: str
@@ -163,6 +209,7 @@ class CheckResult:
     n_rows: int = 1
     cells: LawCells | None = None
     acceptance: AcceptanceCounts | None = None
+    sequential: SequentialEvidence | None = None
 
     @property
     def where(self) -> str:
@@ -321,6 +368,8 @@ def check_from_dict(data: dict[str, Any]) -> CheckResult:
         values["cells"] = LawCells.from_dict(values["cells"])
     if values.get("acceptance") is not None:
         values["acceptance"] = AcceptanceCounts.from_dict(values["acceptance"])
+    if values.get("sequential") is not None:
+        values["sequential"] = SequentialEvidence.from_json(values["sequential"])
     return CheckResult(**values)
 
 
@@ -376,6 +425,8 @@ class TargetResult:
         verifier_time_s: seconds spent inside the target.
         error: why the target could not be audited at all, if so (with the command that
             installs what is missing, for UNAVAILABLE).
+        stopped_early: why its sampling stopped before the plan's steps (a sequential LOSSY
+            verdict, with after how many steps; the time budget), else None.
     """
 
     name: str
@@ -387,6 +438,7 @@ class TargetResult:
     verifier_calls: int = 0
     verifier_time_s: float = 0.0
     error: str | None = None
+    stopped_early: str | None = None
 
 
 @dataclass

@@ -130,4 +130,6 @@ def print_audit(result: AuditResult, console: Console | None = None) -> None:
                 f"{target.wall_time_s:.1f} s",
             )
         )
+        if target.stopped_early:
+            console.print(Text(f"           stopped early: {target.stopped_early}", style="dim"))
     console.print(f"wall time {result.wall_time_s:.1f} s")

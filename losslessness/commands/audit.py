@@ -120,7 +120,10 @@ def audit_command(
     console = report_console()
     try:
         with progress_bar("verify steps", quiet=no_progress) as update:
-            result = run_audit(resolved, config, progress=update)
+            result = run_audit(
+                resolved, config, progress=update,
+                announce=lambda claim: console.print(f"time budget: {claim}"),
+            )
     except ValueError as error:
         raise click.UsageError(str(error)) from error
     print_audit(result, console)

@@ -45,11 +45,11 @@ from losslessness.engine import (
     ShardMergeError,
     finish_run,
     load_shard,
-    make_plan,
     parse_shard_spec,
     run_shard,
     save_shard,
 )
+from losslessness.engine.run import make_budgeted_plan
 from reports.progress import progress_bar
 
 NIGHTLY_FILE = "nightly.json"
@@ -242,8 +242,16 @@ def nightly_command(
         suite_profile=suite_profile or defaults.suite_profile,
         suite_targets=named_suite or defaults.suite_targets,
     )
+    if config.time_budget_s is not None and (shard_text is not None or ray_address is not None):
+        raise click.UsageError(
+            "--time-budget fits one process's measured throughput; run the night in one "
+            "process (no --shard or --ray), or give the shards --budget instead"
+        )
+    console = Console(stderr=True)
     try:
-        plan = make_plan(config)
+        plan, deadline, claim = make_budgeted_plan(
+            config, announce=lambda text: console.print(f"time budget: {text}")
+        )
     except ValueError as error:
         raise click.UsageError(str(error)) from error
     loaded = {adapter.name for adapter in plan.adapters}
@@ -253,7 +261,6 @@ def nightly_command(
             f"{unknown} are not loaded night targets ({sorted(loaded)})",
             param_hint="--suite-targets",
         )
-    console = Console(stderr=True)
     if ray_address is not None:
         _run_on_ray(
             config,
@@ -272,7 +279,7 @@ def nightly_command(
         f"{config.budget:g}x CI, seed {config.seed}; running shard {spec}"
     )
     with progress_bar("verify steps", quiet=no_progress) as update:
-        shard = run_shard(plan, spec, out_dir, progress=update)
+        shard = run_shard(plan, spec, out_dir, progress=update, deadline=deadline)
     if shard_text is not None:
         path = save_shard(shard, out_dir / spec.file_name)
         console.print(
@@ -281,7 +288,10 @@ def nightly_command(
         )
         return
     save_shard(shard, out_dir / spec.file_name)
-    _finish(finish_run([shard]), out_dir, history)
+    result = finish_run([shard])
+    if claim is not None:
+        result.audit.environment["time budget"] = claim
+    _finish(result, out_dir, history)
 
 
 def _run_on_ray(

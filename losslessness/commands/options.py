@@ -68,6 +68,25 @@ _DESIGN_OPTIONS = (
         "chunk per case for an audit.",
     ),
     click.option(
+        "--early-stop/--no-early-stop",
+        default=None,
+        help="Sequential LOSSY detection: each chain assertion splits its level between an "
+        "e-process looked at after every call and the fixed-n test, and a target stops as "
+        "soon as one crosses or an exact check fires. --no-early-stop samples every planned "
+        "step with the whole level on the fixed-n tests. Default: on for an audit, off for a "
+        "nightly (whose shards merge exactly and whose trends want every planned step).",
+    ),
+    click.option(
+        "--time-budget",
+        "time_budget_s",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="Fit the run into this many seconds of sampling: a warm-up measures each "
+        "target's throughput, the design TV is raised until the plan fits (said before "
+        "sampling), and sampling stops at the budget.",
+    ),
+    click.option(
         "--timeout",
         "timeout_s",
         type=float,
@@ -111,7 +130,10 @@ def build_config(values: dict[str, Any], **extra: Any) -> RunConfig:
         "steps": values["steps"],
         "chunk_steps": values["chunk_steps"],
         "timeout_s": values["timeout_s"],
+        "time_budget_s": values["time_budget_s"],
     }
+    if values["early_stop"] is not None:
+        fields["early_stop"] = values["early_stop"]
     fields.update({key: value for key, value in extra.items() if value is not None})
     try:
         return RunConfig(**fields)

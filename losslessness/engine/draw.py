@@ -156,6 +156,180 @@ def _inputs_intact(case: ChainCase, target: torch.Tensor, draft: torch.Tensor) -
     )
 
 
+FIRST_CALL_STEPS = 32
+"""Copies of each row type in the first call of a sequential (ramped) case; each later call
+doubles it up to :func:`rows_per_call`, so a case can stop after a few hundred steps and a
+fast target still reaches full-size calls after a handful."""
+
+
+def call_schedule(case: ChainCase, n_steps: int, ramp: bool) -> list[int]:
+    """Copies of each row type every verifier call of ``n_steps`` steps carries.
+
+    Args:
+        case: the case (its :func:`rows_per_call` caps a call).
+        n_steps: steps per row type, >= 0.
+        ramp: start at :data:`FIRST_CALL_STEPS` and double (sequential runs), else every call
+            full-size.
+
+    Returns:
+        Call sizes summing to ``n_steps``; the schedule decides the samples, so a replay uses
+        the same one.
+    """
+    chunk = rows_per_call(case)
+    sizes: list[int] = []
+    size = min(FIRST_CALL_STEPS, chunk) if ramp else chunk
+    done = 0
+    while done < n_steps:
+        m = min(size, n_steps - done)
+        sizes.append(m)
+        done += m
+        size = min(2 * size, chunk)
+    return sizes
+
+
+def paired_steps_of_calls(sizes: Sequence[int]) -> np.ndarray:
+    """The step pairs ``(2m, 2m+1)`` that one verifier call carried together, for calls of
+    ``sizes`` steps laid out one after the other (a pair straddling two calls is dropped).
+
+    Returns:
+        ``[P, 2]`` int64 step indices.
+    """
+    ends = np.cumsum(np.asarray(sizes, dtype=np.int64))
+    n_steps = int(ends[-1]) if ends.size else 0
+    starts = np.arange(0, max(n_steps - 1, 0), 2)
+    call = np.searchsorted(ends, starts, side="right")
+    same = call == np.searchsorted(ends, starts + 1, side="right")
+    starts = starts[same]
+    return np.stack([starts, starts + 1], axis=1).astype(np.int64)
+
+
+class ChainSampler:
+    """Draws one chain case's steps call by call, so that the run can look at the samples
+    between calls (sequential tests), interleave cases and stop early.
+
+    Each call carries every row type, interleaved (row ``b`` has type ``b % R``), with fresh
+    drafts d_i ~ q_i drawn by inverse CDF from a generator seeded with ``seed``; the verifier
+    gets its own generator seeded from ``seed`` too. The ``target_probs`` and ``draft_probs``
+    a call gets are contiguous (kernels that assume a dense layout read them correctly) and
+    built once per case: every call gets a view of the same buffers, so the audit adds no
+    ``O(B k V)`` work per call to the verifier's own (``fresh_inputs`` gives every call its
+    own copy instead, for verifiers found writing into their inputs).
+
+    Args:
+        verifier: a chain verifier (the protocol of :mod:`losslessness.protocol`).
+        case: the case to sample.
+        n_steps: verification steps per row type (>= 1).
+        seed: replays the drafts and the verifier's randomness exactly (with the same
+            schedule).
+        timeout_s: seconds each call may take (None: no limit).
+        ramp: the call schedule of :func:`call_schedule`.
+        fresh_inputs: a fresh copy of p and q for every call.
+
+    Raises:
+        ValueError: ``n_steps`` < 1.
+    """
+
+    def __init__(
+        self,
+        verifier: ChainVerifier,
+        case: ChainCase,
+        n_steps: int,
+        seed: int,
+        timeout_s: float | None = None,
+        ramp: bool = False,
+        fresh_inputs: bool = False,
+    ) -> None:
+        if n_steps < 1:
+            raise ValueError(f"n_steps: must be >= 1, got {n_steps}")
+        self.verifier, self.case, self.seed = verifier, case, seed
+        self.timeout_s, self.fresh_inputs, self.ramp = timeout_s, fresh_inputs, ramp
+        self.schedule = call_schedule(case, n_steps, ramp)
+        self.draft_generator = torch.Generator().manual_seed(seed)
+        self.verifier_generator = torch.Generator().manual_seed(derive_seed(seed, "verifier"))
+        rows, k = case.n_rows, case.k
+        self.outputs = np.empty((rows, n_steps, k + 1), dtype=np.int64)
+        self.drafts = np.empty((rows, n_steps, k), dtype=np.int64)
+        largest = max(self.schedule)
+        self.target_buffer = case.target_probs.repeat(largest, 1, 1)
+        self.draft_buffer = case.draft_probs.repeat(largest, 1, 1)
+        self.done = 0
+        self.calls = 0
+        self.verifier_time_s = 0.0
+        self.wall_time_s = 0.0
+
+    @property
+    def finished(self) -> bool:
+        """Every scheduled call was made."""
+        return self.calls == len(self.schedule)
+
+    def step(self) -> tuple[int, int]:
+        """Make the next call.
+
+        Returns:
+            ``(start, m)``: the call's steps are ``start .. start + m - 1`` of every row type
+            (``outputs[:, start:start + m]``).
+
+        Raises:
+            ProtocolViolation: the verifier returned a malformed output.
+            TargetTimeout: the call took longer than ``timeout_s``.
+            Exception: whatever the verifier raised, unchanged.
+        """
+        began_wall = time.perf_counter()
+        case, rows, k = self.case, self.case.n_rows, self.case.k
+        m = self.schedule[self.calls]
+        batch = m * rows
+        draft_ids = _draw_drafts(case, m, self.draft_generator)
+        if self.fresh_inputs:
+            target, draft = case.target_probs.repeat(m, 1, 1), case.draft_probs.repeat(m, 1, 1)
+        else:
+            target, draft = self.target_buffer[:batch], self.draft_buffer[:batch]
+        began = time.perf_counter()
+        result = call_target(
+            self.verifier, target, draft, draft_ids, self.verifier_generator,
+            timeout_s=self.timeout_s,
+        )
+        self.verifier_time_s += time.perf_counter() - began
+        array = coerce_output(result, batch, k).reshape(m, rows, k + 1)
+        start = self.done
+        self.outputs[:, start : start + m] = array.transpose(1, 0, 2)
+        self.drafts[:, start : start + m] = draft_ids.reshape(m, rows, k).numpy().transpose(
+            1, 0, 2
+        )
+        self.done += m
+        self.calls += 1
+        self.wall_time_s += time.perf_counter() - began_wall
+        return start, m
+
+    def inputs_intact(self) -> bool:
+        """Whether the reused input buffers still hold the case's p and q (a verifier that
+        writes into its inputs is found here; always True with ``fresh_inputs``)."""
+        return self.fresh_inputs or _inputs_intact(
+            self.case, self.target_buffer, self.draft_buffer
+        )
+
+    def call_pairs(self, start: int, m: int) -> np.ndarray:
+        """The independence pairs of the call of steps ``start .. start + m - 1``, as indices
+        within the call (global pairs ``(2j, 2j+1)`` both inside it)."""
+        first = start + (start % 2)
+        starts = np.arange(first, start + m - 1, 2, dtype=np.int64) - start
+        return np.stack([starts, starts + 1], axis=1)
+
+    def samples(self) -> ChainSamples:
+        """The steps drawn so far (all of them once :attr:`finished`)."""
+        done = self.done
+        return ChainSamples(
+            case=self.case,
+            outputs=self.outputs[:, :done],
+            drafts=self.drafts[:, :done],
+            pairs=paired_steps_of_calls(self.schedule[: self.calls]),
+            seed=self.seed,
+            wall_time_s=self.wall_time_s,
+            verifier_time_s=self.verifier_time_s,
+            calls=self.calls,
+            steps_per_call=rows_per_call(self.case),
+        )
+
+
 def sample_chain(
     verifier: ChainVerifier,
     case: ChainCase,
@@ -163,17 +337,14 @@ def sample_chain(
     seed: int,
     progress: Callable[[int], None] | None = None,
     timeout_s: float | None = None,
+    ramp: bool = False,
 ) -> ChainSamples:
-    """Run ``n_steps`` verification steps per row type of ``case``.
+    """Run ``n_steps`` verification steps per row type of ``case`` (:class:`ChainSampler`
+    to the end).
 
-    Each call carries every row type, interleaved (row ``b`` has type ``b % R``), with fresh
-    drafts d_i ~ q_i drawn by inverse CDF from a generator seeded with ``seed``; the verifier
-    gets its own generator seeded from ``seed`` too. The ``target_probs`` and ``draft_probs``
-    a call gets are contiguous (kernels that assume a dense layout read them correctly) and
-    built once per case: every call gets a view of the same buffers, so the audit adds no
-    ``O(B k V)`` work per call to the verifier's own. A verifier that writes into its inputs
-    is detected after the last call (one comparison pass) and the case is sampled again with a
-    fresh copy per call, so its samples never come from altered p or q.
+    A verifier that writes into its inputs is detected after the last call (one comparison
+    pass) and the case is sampled again with a fresh copy per call, so its samples never come
+    from altered p or q.
 
     Args:
         verifier: a chain verifier (the protocol of :mod:`losslessness.protocol`).
@@ -182,6 +353,7 @@ def sample_chain(
         seed: replays the drafts and the verifier's randomness exactly.
         progress: called with the number of steps done after each call.
         timeout_s: seconds each call may take (None: no limit).
+        ramp: the sequential call schedule (:func:`call_schedule`).
 
     Returns:
         :class:`ChainSamples`; its ``pairs`` are the steps ``(2m, 2m+1)`` that one call
@@ -193,71 +365,17 @@ def sample_chain(
         TargetTimeout: a call took longer than ``timeout_s``.
         Exception: whatever the verifier raised, unchanged.
     """
-    if n_steps < 1:
-        raise ValueError(f"n_steps: must be >= 1, got {n_steps}")
-    samples = _sample(verifier, case, n_steps, seed, progress, timeout_s, fresh_inputs=False)
-    if samples is None:
-        # The progress callback has already been told every step once.
-        samples = _sample(verifier, case, n_steps, seed, None, timeout_s, fresh_inputs=True)
-        assert samples is not None
-    return samples
-
-
-def _sample(
-    verifier: ChainVerifier,
-    case: ChainCase,
-    n_steps: int,
-    seed: int,
-    progress: Callable[[int], None] | None,
-    timeout_s: float | None,
-    fresh_inputs: bool,
-) -> ChainSamples | None:
-    """:func:`sample_chain`'s loop; None when reused inputs were found altered afterwards."""
-    rows, k = case.n_rows, case.k
-    draft_generator = torch.Generator().manual_seed(seed)
-    verifier_generator = torch.Generator().manual_seed(derive_seed(seed, "verifier"))
-    chunk = rows_per_call(case)
-    outputs = np.empty((rows, n_steps, k + 1), dtype=np.int64)
-    drafts = np.empty((rows, n_steps, k), dtype=np.int64)
-    start = time.perf_counter()
-    target_buffer = case.target_probs.repeat(min(chunk, n_steps), 1, 1)
-    draft_buffer = case.draft_probs.repeat(min(chunk, n_steps), 1, 1)
-    verifier_time = 0.0
-    calls = 0
-    done = 0
-    while done < n_steps:
-        m = min(chunk, n_steps - done)
-        batch = m * rows
-        draft_ids = _draw_drafts(case, m, draft_generator)
-        if fresh_inputs:
-            target, draft = case.target_probs.repeat(m, 1, 1), case.draft_probs.repeat(m, 1, 1)
-        else:
-            target, draft = target_buffer[:batch], draft_buffer[:batch]
-        began = time.perf_counter()
-        result = call_target(
-            verifier, target, draft, draft_ids, verifier_generator, timeout_s=timeout_s
-        )
-        verifier_time += time.perf_counter() - began
-        calls += 1
-        array = coerce_output(result, batch, k).reshape(m, rows, k + 1)
-        outputs[:, done : done + m] = array.transpose(1, 0, 2)
-        drafts[:, done : done + m] = draft_ids.reshape(m, rows, k).numpy().transpose(1, 0, 2)
-        done += m
+    sampler = ChainSampler(verifier, case, n_steps, seed, timeout_s, ramp)
+    while not sampler.finished:
+        _, m = sampler.step()
         if progress is not None:
             progress(m)
-    if not fresh_inputs and not _inputs_intact(case, target_buffer, draft_buffer):
-        return None
-    return ChainSamples(
-        case=case,
-        outputs=outputs,
-        drafts=drafts,
-        pairs=paired_steps(n_steps, chunk),
-        seed=seed,
-        wall_time_s=time.perf_counter() - start,
-        verifier_time_s=verifier_time,
-        calls=calls,
-        steps_per_call=chunk,
-    )
+    if not sampler.inputs_intact():
+        # The progress callback has already been told every step once.
+        sampler = ChainSampler(verifier, case, n_steps, seed, timeout_s, ramp, fresh_inputs=True)
+        while not sampler.finished:
+            sampler.step()
+    return sampler.samples()
 
 
 def sample_greedy(
@@ -341,6 +459,7 @@ def sample_tree(
     seed: int,
     timeout_s: float | None = None,
     progress: Callable[[int], None] | None = None,
+    monitor: Callable[[TreeSamples], bool] | None = None,
 ) -> TreeSamples:
     """Run ``steps`` tree verification steps of ``case``, ``case.batch_size`` trees per call.
 
@@ -358,9 +477,12 @@ def sample_tree(
         seed: replays the trees and the verifier's randomness exactly.
         timeout_s: seconds each call may take (None: no limit).
         progress: called with the number of trees done after each call.
+        monitor: called after each call with that call's trees (pairs indexed within it);
+            True stops the sampling there (sequential tests).
 
     Returns:
-        :class:`~losslessness.samples.TreeSamples`.
+        :class:`~losslessness.samples.TreeSamples` of the trees drawn (all ``steps`` unless
+        ``monitor`` stopped it).
 
     Raises:
         ValueError: ``steps`` < 1.
@@ -405,12 +527,17 @@ def sample_tree(
         done += m
         if progress is not None:
             progress(m)
+        if monitor is not None:
+            call = TreeSamples(case, ids.numpy(), got_tokens, got_nodes,
+                               paired_steps(m, chunk), seed, steps_per_call=chunk)
+            if monitor(call):
+                break
     return TreeSamples(
         case=case,
-        token_ids=token_ids,
-        tokens=tokens,
-        accepted_nodes=accepted,
-        pairs=paired_steps(steps, chunk),
+        token_ids=token_ids[:done],
+        tokens=tokens[:done],
+        accepted_nodes=accepted[:done],
+        pairs=paired_steps(done, chunk),
         seed=seed,
         wall_time_s=time.perf_counter() - start,
         verifier_time_s=verifier_time,

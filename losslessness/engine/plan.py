@@ -69,8 +69,9 @@ from losslessness.engine.tree_battery import (
 from losslessness.reference.block import declared_verification
 from losslessness.seeding import derive_seed
 from losslessness.stats import ErrorBudget, plan_identity_test
+from losslessness.stats.sequential import SEQUENTIAL_ALPHA_SHARE, AlphaSplit, split_alpha
 
-PLAN_VERSION = "3"
+PLAN_VERSION = "4"
 """Version of the plan's description; shards of different versions never merge."""
 
 UNIT_KINDS = ("chain", "greedy", "tree", "greedy-tree", "end-to-end", "device", "suite")
@@ -270,6 +271,8 @@ class PlanRecord:
         device_note: why the run has no device unit, when it has none.
         suite_targets: targets the property suite runs on.
         units: the grid.
+        sequential_share: share of each chain assertion's level spent on its sequential test
+            (0 without early stopping).
     """
 
     plan_version: str
@@ -287,11 +290,18 @@ class PlanRecord:
     device_note: str | None
     suite_targets: tuple[str, ...]
     units: tuple[Unit, ...]
+    sequential_share: float = 0.0
 
     @property
     def per_assertion_alpha(self) -> float:
         """Each battery assertion's significance level."""
         return self.battery_alpha / self.n_assertions
+
+    @property
+    def alpha_split(self) -> AlphaSplit:
+        """A chain or tree assertion's level, split between its sequential and fixed-n tests (the
+        end-to-end sequence-law tests have no sequential test: their whole level is fixed-n)."""
+        return split_alpha(self.per_assertion_alpha, self.sequential_share)
 
     def to_json(self) -> dict[str, Any]:
         """The JSON-able form (tuples as lists)."""
@@ -335,6 +345,7 @@ class PlanRecord:
                 device_note=data["device_note"],
                 suite_targets=tuple(data["suite_targets"]),
                 units=tuple(Unit(**unit) for unit in data["units"]),
+                sequential_share=float(data["sequential_share"]),
             )
         except (KeyError, TypeError) as error:
             raise ValueError(
@@ -600,8 +611,10 @@ def plan_run(
     device_alpha = config.family_wise_alpha / (len(adapters) + 1) if with_device else 0.0
     budget = ErrorBudget(max(1, n_assertions), config.family_wise_alpha - device_alpha)
     alpha = budget.per_assertion_alpha
-    case_plans = {case.case_id: _chain_case_plan(case, config, alpha) for case in chain}
-    tree_plans = {case.case_id: _tree_case_plan(case, config, alpha) for case in tree}
+    share = SEQUENTIAL_ALPHA_SHARE if config.early_stop else 0.0
+    chain_alpha = split_alpha(alpha, share).fixed
+    case_plans = {case.case_id: _chain_case_plan(case, config, chain_alpha) for case in chain}
+    tree_plans = {case.case_id: _tree_case_plan(case, config, chain_alpha) for case in tree}
     e2e_plans = {
         name: [plan_end_to_end(target, config, alpha) for target in entries]
         for name, entries in end_to_end.items()
@@ -661,6 +674,7 @@ def plan_run(
         else (device_note if config.device_checks else "device checks not requested"),
         suite_targets=tuple(suite_targets),
         units=tuple(units),
+        sequential_share=share,
     )
     return RunPlan(record, adapters, chain, greedy, e2e_plans, tree, greedy_tree)
 

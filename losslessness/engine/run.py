@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import math
 import re
 import time
 import traceback
@@ -39,13 +40,20 @@ from losslessness.checks.ids import (
     TREE_GREEDY_CHECK_ID,
     TREE_STRUCTURE_CHECK_ID,
 )
+from losslessness.checks.sequential import (
+    ChainMonitor,
+    attach_sequential_evidence,
+    evidence_to_json,
+    merged_evidence,
+)
 from losslessness.checks.tree import check_tree_greedy, run_tree_checks
+from losslessness.checks.tree_sequential import TreeMonitor
 from losslessness.design import RunConfig
 from losslessness.engine.battery import default_chain_battery, default_greedy_battery
 from losslessness.engine.draw import (
+    ChainSampler,
     ProtocolViolation,
     TargetTimeout,
-    sample_chain,
     sample_greedy,
     sample_greedy_tree,
     sample_tree,
@@ -74,6 +82,7 @@ from losslessness.engine.shards import (
 )
 from losslessness.engine.tables import CountTable, chunk_table, concatenate_tables, expand_table
 from losslessness.engine.tree_battery import default_greedy_tree_battery, default_tree_battery
+from losslessness.reference.block import BLOCK_VERIFICATION
 from losslessness.results import (
     SCHEMA_VERSION,
     AuditResult,
@@ -90,6 +99,11 @@ INCOMPLETE = "incomplete"
 """``UnitRecord.failure_kind`` of a unit the run did not finish (interrupted)."""
 
 INTERRUPTED_MESSAGE = "not run: the run was interrupted (Ctrl-C) before this unit finished"
+
+STOPPED = "stopped"
+"""``UnitRecord.failure_kind`` of a chain chunk the run did not sample because its case or its
+target was already decided LOSSY (sequential early stop): not an error, and the case's checks
+run on the chunks that were sampled."""
 
 NOT_APPLICABLE = "not-applicable"
 """``UnitRecord.failure_kind`` of a unit whose target raised :class:`NotApplicable`: its checks
@@ -142,6 +156,17 @@ class _Tracker:
     planned: int
     done: int = 0
     label: str = ""
+    began: float = field(default_factory=time.perf_counter)
+
+    def seconds_left(self, deadline: float | None) -> float | None:
+        """Seconds to the deadline, else extrapolated from the pace so far (None before
+        any step)."""
+        now = time.perf_counter()
+        if deadline is not None:
+            return max(0.0, deadline - now)
+        if not self.done:
+            return None
+        return (now - self.began) / self.done * max(0, self.planned - self.done)
 
     def advance(self, steps: int) -> None:
         self.done += steps
@@ -154,7 +179,10 @@ class _ShardState:
     plan: RunPlan
     tracker: _Tracker
     work_dir: Path
+    spec: ShardSpec = field(default_factory=lambda: ShardSpec(0, 1))
+    deadline: float | None = None
     hung: dict[str, str] = field(default_factory=dict)
+    decided: dict[str, str] = field(default_factory=dict)
     chunks: dict[tuple[str, str], list[CountTable]] = field(default_factory=dict)
 
 
@@ -176,31 +204,249 @@ def _untested(
     return [context.untested(check_id, verdict, str(record.failure)) for check_id in check_ids]
 
 
-def _run_chain_unit(state: _ShardState, unit: Unit, record: UnitRecord) -> None:
-    plan = state.plan
-    adapter = plan.adapter(unit.target)
-    assert adapter.chain is not None
-    case = next(case for case in plan.chain_cases if case.case_id == unit.case_id)
-    grid = plan.record.chain_cases[unit.case_id]
-    try:
-        samples = sample_chain(
-            adapter.chain,
-            case,
-            unit.steps,
-            grid.chunk_seed(unit.chunk),
-            progress=lambda m: state.tracker.advance(m * case.n_rows),
-            timeout_s=plan.config.timeout_s,
+@dataclass
+class _ChainStream:
+    """One chain case of one target in this shard: its chunk units, sampled call by call."""
+
+    units: list[Unit]
+    case: ChainCase
+    grid: ChainCasePlan
+    monitor: ChainMonitor | None
+    records: dict[int, UnitRecord] = field(default_factory=dict)
+    position: int = 0
+    sampler: ChainSampler | None = None
+    record: UnitRecord | None = None
+    chunk_time_s: float = 0.0
+    time_s: float = 0.0
+    steps_done: int = 0
+    done: bool = False
+
+
+def _chain_monitor(state: _ShardState, unit: Unit, case: ChainCase) -> ChainMonitor | None:
+    plan = state.plan.record
+    if not plan.config.early_stop:
+        return None
+    grid = plan.chain_cases[case.case_id]
+    shards = {
+        other.index % state.spec.count
+        for other in plan.units
+        if other.kind == "chain" and other.target == unit.target and other.case_id == unit.case_id
+    }
+    verification = next(how for name, _, how in plan.targets if name == unit.target)
+    context = _context(plan, unit.target, case.case_id, case.summary, case.case_hash, grid.seed,
+                       case.n_rows)
+    return ChainMonitor(
+        case,
+        grid.n_steps,
+        plan.alpha_split.sequential,
+        context,
+        shards=len(shards),
+        block_decisions=verification == BLOCK_VERIFICATION,
+    )
+
+
+def _finish_chunk(state: _ShardState, stream: _ChainStream, stopped: str | None) -> None:
+    """Close the stream's current chunk: its table, its record (with the monitor's evidence
+    and why it stopped early, if it did)."""
+    sampler, record, unit = stream.sampler, stream.record, stream.units[stream.position]
+    assert sampler is not None and record is not None
+    if not sampler.inputs_intact():
+        # The verifier wrote into its reused inputs: every sample of the chunk is redrawn with
+        # fresh inputs per call, and the monitor looks at them once.
+        adapter = state.plan.adapter(unit.target)
+        assert adapter.chain is not None
+        again = ChainSampler(adapter.chain, stream.case, sampler.done, sampler.seed,
+                             state.plan.config.timeout_s, ramp=sampler.ramp, fresh_inputs=True)
+        while not again.finished:
+            again.step()
+        sampler = again
+        if stream.monitor is not None:
+            stream.monitor.reset()
+            stream.monitor.update(sampler.outputs, sampler.drafts,
+                                  sampler.samples().pairs)
+    samples = sampler.samples()
+    record.verify_steps = samples.n_steps * stream.case.n_rows
+    record.verifier_calls = samples.calls
+    record.verifier_time_s = samples.verifier_time_s
+    record.wall_time_s = stream.chunk_time_s
+    if stream.monitor is not None:
+        record.extra["sequential"] = evidence_to_json(stream.monitor.evidence())
+    if stopped is not None:
+        record.extra["stopped"] = stopped
+        record.extra["planned_steps"] = unit.steps
+    state.chunks.setdefault((unit.target, unit.case_id), []).append(chunk_table(samples))
+    stream.records[unit.index] = record
+    stream.sampler, stream.record = None, None
+    stream.position += 1
+
+
+def _close_stream(state: _ShardState, stream: _ChainStream, reason: str) -> None:
+    """Stop ``stream`` for ``reason``: its current chunk keeps what it sampled, its later chunks
+    are recorded as not sampled (:data:`STOPPED`)."""
+    if stream.sampler is not None:
+        if stream.sampler.done:
+            _finish_chunk(state, stream, reason)
+        else:
+            stream.sampler = None
+    for unit in stream.units[stream.position:]:
+        record = UnitRecord(unit.index, unit.key, unit.kind, unit.target, unit.case_id, unit.chunk)
+        record.failure_kind, record.failure = STOPPED, f"not sampled: {reason}"
+        stream.records[unit.index] = record
+    stream.position = len(stream.units)
+    stream.done = True
+
+
+def _advance_stream(state: _ShardState, stream: _ChainStream) -> None:
+    """One verifier call of ``stream`` (starting its next chunk when needed)."""
+    unit = stream.units[stream.position]
+    config = state.plan.config
+    if stream.sampler is None:
+        adapter = state.plan.adapter(unit.target)
+        assert adapter.chain is not None
+        stream.record = UnitRecord(
+            unit.index, unit.key, unit.kind, unit.target, unit.case_id, unit.chunk
         )
+        stream.chunk_time_s = 0.0
+        stream.sampler = ChainSampler(
+            adapter.chain, stream.case, unit.steps, stream.grid.chunk_seed(unit.chunk),
+            config.timeout_s, ramp=True,
+        )
+    sampler, record = stream.sampler, stream.record
+    assert record is not None
+    began = time.perf_counter()
+    try:
+        start, m = sampler.step()
     except ProtocolViolation as violation:
         record.failure_kind, record.failure = "protocol", f"chunk {unit.chunk}: {violation}"
+        if config.early_stop:
+            state.decided.setdefault(unit.target, f"{unit.case_id}: malformed output")
+        _fail_stream(stream, record)
         return
     except Exception as error:
         _target_error(state, record, error)
+        _fail_stream(stream, record)
         return
-    record.verify_steps = unit.steps * case.n_rows
-    record.verifier_calls = samples.calls
-    record.verifier_time_s = samples.verifier_time_s
-    state.chunks.setdefault((unit.target, unit.case_id), []).append(chunk_table(samples))
+    finally:
+        stream.time_s += time.perf_counter() - began
+        stream.chunk_time_s += time.perf_counter() - began
+    stream.steps_done += m
+    stop = None
+    if stream.monitor is not None:
+        outputs = sampler.outputs[:, start : start + m]
+        drafts = sampler.drafts[:, start : start + m]
+        if stream.monitor.update(outputs, drafts, sampler.call_pairs(start, m)):
+            decision = stream.monitor.decision
+            assert decision is not None
+            stop = f"LOSSY: {decision.reason}"
+            state.decided.setdefault(unit.target, f"{unit.case_id}: {decision.reason}")
+    state.tracker.advance(m * stream.case.n_rows)
+    if stop is not None:
+        _close_stream(state, stream, stop)
+    elif sampler.finished:
+        _finish_chunk(state, stream, None)
+        stream.done = stream.position == len(stream.units)
+
+
+def _fail_stream(stream: _ChainStream, record: UnitRecord) -> None:
+    """The current chunk failed (``record`` says how): it and every later chunk of the stream
+    are recorded with that failure."""
+    unit = stream.units[stream.position]
+    record.wall_time_s = stream.chunk_time_s
+    stream.records[unit.index] = record
+    stream.position += 1
+    _abandon(stream, str(record.failure_kind), str(record.failure))
+
+
+def _abandon(stream: _ChainStream, kind: str, message: str) -> None:
+    """Record the stream's unfinished chunks (its current one's samples dropped) as ``kind``."""
+    for unit in stream.units[stream.position:]:
+        record = UnitRecord(unit.index, unit.key, unit.kind, unit.target, unit.case_id, unit.chunk)
+        record.failure_kind, record.failure = kind, message
+        stream.records[unit.index] = record
+    stream.sampler, stream.record = None, None
+    stream.position = len(stream.units)
+    stream.done = True
+
+
+def _chain_status(
+    state: _ShardState, target: str, current: _ChainStream, streams: Sequence[_ChainStream]
+) -> str:
+    """The progress line of a target's chain sampling: the case being sampled, the verdict so
+    far, the running minimum detectable TV and the time left.
+
+    The running TV is the design TV scaled by ``sqrt(planned / drawn)`` of the least-sampled
+    case (identity tests' detectable TV falls as ``1 / sqrt(n)``): an approximation for the
+    display; every result reports the exact value at its n."""
+    tv = state.plan.config.tv
+    verdict = f"LOSSY ({state.decided[target]})" if target in state.decided else "no violation yet"
+    reached = max(
+        tv * math.sqrt(stream.grid.n_steps / max(stream.steps_done, 1)) for stream in streams
+    )
+    left = state.tracker.seconds_left(state.deadline)
+    when = f"{left:.0f} s left" if left is not None else "time left unknown"
+    return (
+        f"{target} {current.case.case_id} | {verdict} | min TV ~{min(reached, 1.0):.3g} "
+        f"(design {tv:.3g}) | {when}"
+    )
+
+
+def _run_chain_units(
+    state: _ShardState, units: Sequence[Unit], records: dict[int, UnitRecord]
+) -> None:
+    """Sample the chain units of one target, its cases interleaved call by call (the case that
+    has spent the least time goes next), so that a sequential stop on any case comes after
+    about the time that case needs, whatever the battery's order. A case's chunks run in
+    order. The samples do not depend on the interleaving: every case draws from its own
+    seeds."""
+    plan = state.plan
+    cases = {case.case_id: case for case in plan.chain_cases}
+    streams: dict[str, _ChainStream] = {}
+    for unit in units:
+        if unit.case_id not in streams:
+            case = cases[unit.case_id]
+            streams[unit.case_id] = _ChainStream(
+                [], case, plan.record.chain_cases[unit.case_id],
+                _chain_monitor(state, unit, case),
+            )
+        streams[unit.case_id].units.append(unit)
+    target = units[0].target
+    try:
+        while True:
+            active = [stream for stream in streams.values() if not stream.done]
+            if not active:
+                break
+            if target in state.hung:
+                for stream in active:
+                    _abandon(stream, "error", f"skipped: the target hung ({state.hung[target]})")
+                continue
+            if target in state.decided:
+                for stream in active:
+                    _close_stream(state, stream, f"target already LOSSY ({state.decided[target]})")
+                continue
+            if state.deadline is not None and time.perf_counter() >= state.deadline:
+                for stream in active:
+                    _close_stream(state, stream, "time budget spent")
+                continue
+            stream = min(active, key=lambda s: s.time_s)
+            state.tracker.label = _chain_status(state, target, stream, list(streams.values()))
+            _advance_stream(state, stream)
+    except KeyboardInterrupt:
+        # Ctrl-C: every case keeps the calls it finished (its checks run on them), and the
+        # target cannot be LOSSLESS (its units are marked interrupted).
+        for stream in streams.values():
+            if stream.done:
+                continue
+            _close_stream(state, stream, INTERRUPTED_MESSAGE)
+            for unit in stream.units:
+                record = stream.records[unit.index]
+                if record.failure_kind == STOPPED:
+                    record.failure_kind = INCOMPLETE
+                else:
+                    record.extra["interrupted"] = True
+        raise
+    finally:
+        for stream in streams.values():
+            records.update(stream.records)
 
 
 def _context(
@@ -258,7 +504,18 @@ def _run_tree_unit(state: _ShardState, unit: Unit, record: UnitRecord) -> None:
     grid = plan.record.tree_cases[unit.case_id]
     context = _context(plan.record, unit.target, case.case_id, case.summary, case.case_hash,
                        grid.seed)
+    context = dataclasses.replace(context, alpha=plan.record.alpha_split.fixed)
     selected = [c for c in TREE_CHECK_IDS if plan.config.selects(c)]
+    if unit.target in state.decided:
+        record.failure_kind = STOPPED
+        record.failure = f"not sampled: target already LOSSY ({state.decided[unit.target]})"
+        record.checks = [context.untested(c, Verdict.SKIPPED, record.failure) for c in selected]
+        return
+    monitor = (
+        TreeMonitor(case, unit.steps, plan.record.alpha_split.sequential, context)
+        if plan.config.early_stop
+        else None
+    )
     began = time.perf_counter()
     try:
         samples = sample_tree(
@@ -268,6 +525,7 @@ def _run_tree_unit(state: _ShardState, unit: Unit, record: UnitRecord) -> None:
             grid.seed,
             plan.config.timeout_s,
             progress=state.tracker.advance,
+            monitor=monitor.update if monitor is not None else None,
         )
     except ProtocolViolation as violation:
         record.checks = [malformed_output_result(context, violation, TREE_STRUCTURE_CHECK_ID)]
@@ -283,11 +541,21 @@ def _run_tree_unit(state: _ShardState, unit: Unit, record: UnitRecord) -> None:
     record.verifier_time_s = samples.verifier_time_s
     context = dataclasses.replace(context, sampling_time_s=samples.wall_time_s)
     results = run_tree_checks(samples, context)
+    reason = None
+    if monitor is not None:
+        if monitor.decision is not None:
+            reason = monitor.decision.reason
+            record.extra["stopped"] = f"LOSSY: {reason}"
+            state.decided.setdefault(unit.target, f"{unit.case_id}: {reason}")
+        record.extra["sequential"] = evidence_to_json(monitor.evidence())
+        attach_sequential_evidence(results, monitor.evidence(), reason)
     for result in results:
         result.details.update(
             steps=samples.n_steps, capped=grid.capped, ci_steps=grid.ci_steps,
-            needed_steps=grid.needed_steps,
+            needed_steps=grid.needed_steps, planned_steps=grid.n_steps,
         )
+        if reason is not None:
+            result.details["stopped"] = f"LOSSY: {reason}"
     record.checks = [result for result in results if plan.config.selects(result.check_id)]
 
 
@@ -392,7 +660,6 @@ def _run_suite_unit(state: _ShardState, unit: Unit, record: UnitRecord) -> None:
 
 
 _UNIT_RUNNERS = {
-    "chain": _run_chain_unit,
     "greedy": _run_greedy_unit,
     "tree": _run_tree_unit,
     "greedy-tree": _run_greedy_tree_unit,
@@ -407,6 +674,7 @@ def run_shard(
     spec: ShardSpec,
     work_dir: str | Path | None = None,
     progress: ProgressCallback | None = None,
+    deadline: float | None = None,
 ) -> ShardResult:
     """Run the units shard ``spec`` owns and keep their sufficient statistics.
 
@@ -416,6 +684,9 @@ def run_shard(
         work_dir: where the property suite runs (``work_dir/suite/...``); default the
             current directory.
         progress: optional callback (steps done, steps planned, label).
+        deadline: ``time.perf_counter()`` value at which chain sampling stops (the time
+            budget): every case keeps the steps it drew, and its checks report the minimum
+            detectable TV those reach.
 
     Returns:
         :class:`ShardResult` (save it with :func:`losslessness.engine.shards.save_shard`).
@@ -424,10 +695,36 @@ def run_shard(
     began = time.perf_counter()
     mine = [unit for unit in plan.units if spec.takes(unit.index)]
     tracker = _Tracker(progress, plan.planned_steps(mine))
-    state = _ShardState(plan, tracker, Path(work_dir) if work_dir is not None else Path.cwd())
+    state = _ShardState(
+        plan, tracker, Path(work_dir) if work_dir is not None else Path.cwd(), spec, deadline
+    )
     records: dict[int, UnitRecord] = {}
     interrupted = False
-    for unit in mine:
+    position = 0
+    while position < len(mine):
+        unit = mine[position]
+        if unit.kind == "chain" and not interrupted and unit.target not in state.hung:
+            # A target's chain units are consecutive in the grid: they run interleaved.
+            group = [unit]
+            while (
+                position + len(group) < len(mine)
+                and mine[position + len(group)].kind == "chain"
+                and mine[position + len(group)].target == unit.target
+            ):
+                group.append(mine[position + len(group)])
+            try:
+                _run_chain_units(state, group, records)
+            except KeyboardInterrupt:
+                interrupted = True
+            for member in group:
+                if member.index not in records:
+                    record = UnitRecord(member.index, member.key, member.kind, member.target,
+                                        member.case_id, member.chunk)
+                    record.failure_kind, record.failure = INCOMPLETE, INTERRUPTED_MESSAGE
+                    records[member.index] = record
+            position += len(group)
+            continue
+        position += 1
         tracker.label = f"{unit.target} {unit.case_id}".strip()
         record = UnitRecord(unit.index, unit.key, unit.kind, unit.target, unit.case_id, unit.chunk)
         unit_began = time.perf_counter()
@@ -516,7 +813,12 @@ def _battery_cases(plan: PlanRecord) -> dict[str, ChainCase]:
 def replay_command(plan: PlanRecord, check: CheckResult, greedy: bool = False) -> str | None:
     """The command that redraws exactly the samples behind ``check`` and recomputes its test
     (its p-value; its significance level is that of a run of the replayed case alone), or None
-    where no command can (device comparisons, suite runs replay with their pytest command)."""
+    where no command can (device comparisons, suite runs replay with their pytest command).
+
+    A chain check's command names the steps its case drew (fewer than planned when the case
+    stopped early) and ``--no-early-stop``, so the replay draws all of them whatever its own
+    level; a check made LOSSY by its sequential test gets back its samples and fixed-n p-value
+    (its e-value is in the record)."""
     config = plan.config
     grid = plan.chain_cases.get(check.case_id)
     if check.check_id in ("coupling", "two-sample", "precision", "suite") or "@" in check.target:
@@ -531,7 +833,7 @@ def replay_command(plan: PlanRecord, check: CheckResult, greedy: bool = False) -
     command += f" --seed {config.seed} --case {check.case_id} --only {check.check_id}"
     tree_grid = plan.tree_cases.get(check.case_id)
     steps = (
-        grid.n_steps if grid is not None
+        check.details.get("steps", grid.n_steps) if grid is not None
         else tree_grid.n_steps if tree_grid is not None
         else check.details.get("steps")
     )
@@ -539,6 +841,10 @@ def replay_command(plan: PlanRecord, check: CheckResult, greedy: bool = False) -
         command += f" --steps {steps}"
     if grid is not None and grid.n_chunks > 1:
         command += f" --chunk-steps {grid.chunk_steps}"
+    if grid is not None:
+        # The steps the case drew, every one of them: a replay never stops on its own
+        # evidence (its level, and so its stopping point, depends on what it selects).
+        command += " --no-early-stop"
     return command
 
 
@@ -554,9 +860,13 @@ def _chain_checks(
     context = _context(
         plan, target, case.case_id, case.summary, case.case_hash, grid.seed, case.n_rows
     )
-    context = dataclasses.replace(context, sampling_time_s=sum(u.wall_time_s for u in units))
+    context = dataclasses.replace(
+        context,
+        alpha=plan.alpha_split.fixed,
+        sampling_time_s=sum(u.wall_time_s for u in units),
+    )
     failures = sorted(
-        (unit for unit in units if unit.failure_kind not in (None, INCOMPLETE)),
+        (unit for unit in units if unit.failure_kind not in (None, INCOMPLETE, STOPPED)),
         key=lambda unit: unit.index,
     )
     protocol = [unit for unit in failures if unit.failure_kind == "protocol"]
@@ -571,12 +881,12 @@ def _chain_checks(
         # The target refused the case's shape (NotApplicable): nothing was sampled.
         message = str(failures[0].failure)
         return [context.untested(check_id, Verdict.SKIPPED, message) for check_id in selected]
+    stopped = [unit for unit in units if unit.failure_kind == STOPPED]
     if (target, case.case_id) not in merged.tables:
-        # Interrupted before any chunk of the case finished.
-        return [
-            context.untested(check_id, Verdict.SKIPPED, INTERRUPTED_MESSAGE)
-            for check_id in selected
-        ]
+        # Interrupted, or stopped (its target decided, the time budget spent), before any
+        # chunk of the case was sampled.
+        message = str(stopped[0].failure) if stopped else INTERRUPTED_MESSAGE
+        return [context.untested(check_id, Verdict.SKIPPED, message) for check_id in selected]
     samples = expand_table(
         merged.tables[(target, case.case_id)], case, grid.seed, grid.steps_per_call
     )
@@ -584,6 +894,8 @@ def _chain_checks(
     samples.verifier_time_s = sum(unit.verifier_time_s for unit in units)
     samples.calls = sum(unit.verifier_calls for unit in units)
     results = run_chain_checks(samples, context, verification)
+    reasons = [str(unit.extra["stopped"]) for unit in units if "stopped" in unit.extra]
+    reasons += [str(unit.failure) for unit in stopped]
     for result in results:
         result.details.update(
             steps=samples.n_steps,
@@ -591,8 +903,37 @@ def _chain_checks(
             ci_steps=grid.ci_steps,
             chunk_steps=grid.chunk_steps,
             n_chunks=grid.n_chunks,
+            planned_steps=grid.n_steps,
         )
+        if reasons:
+            result.details["stopped"] = reasons[0]
+    evidence = merged_evidence([unit.extra.get("sequential", []) for unit in units])
+    attach_sequential_evidence(results, evidence, reasons[0] if reasons else None)
     return [result for result in results if plan.config.selects(result.check_id)]
+
+
+def _stopped_early(
+    groups: dict[tuple[str, str], list[UnitRecord]], verify_steps: int
+) -> str | None:
+    """Why a target's chain sampling stopped before its plan, said once for the target."""
+    stops = [
+        (case_id, str(unit.extra["stopped"]))
+        for (kind, case_id), units in groups.items()
+        if kind in ("chain", "tree")
+        for unit in units
+        if "stopped" in unit.extra
+    ]
+    reasons = [reason for _, reason in stops]
+    lossy = [(case_id, reason) for case_id, reason in stops if reason.startswith("LOSSY: ")]
+    if lossy:
+        case_id, reason = lossy[0]
+        return (
+            f"LOSSY after {verify_steps} verify steps ({case_id}: "
+            f"{reason.removeprefix('LOSSY: ')})"
+        )
+    if reasons:
+        return f"{reasons[0]} after {verify_steps} verify steps"
+    return None
 
 
 def _add_totals(result: TargetResult, units: Sequence[UnitRecord]) -> None:
@@ -631,12 +972,16 @@ def finish_run(shards: Sequence[ShardResult]) -> RunResult:
         result = TargetResult(name, description, TargetVerdict.LOSSLESS)
         complete = True
         for (kind, case_id), units in by_target.get(name, {}).items():
-            complete &= all(unit.failure_kind != INCOMPLETE for unit in units)
+            complete &= all(
+                unit.failure_kind != INCOMPLETE and not unit.extra.get("interrupted")
+                for unit in units
+            )
             if kind == "chain":
                 result.checks += _chain_checks(merged, name, cases[case_id], units, verification)
             else:
                 result.checks += [check for unit in units for check in unit.checks]
             _add_totals(result, units)
+        result.stopped_early = _stopped_early(by_target.get(name, {}), result.verify_steps)
         result.verdict = target_verdict(result.checks, complete)
         if result.verdict is TargetVerdict.UNAVAILABLE:
             result.error = (
@@ -813,8 +1158,10 @@ def run_audit(
     config: RunConfig | None = None,
     progress: ProgressCallback | None = None,
     work_dir: str | Path | None = None,
+    announce: Callable[[str], None] | None = None,
 ) -> AuditResult:
-    """Audit every target: plan, run as one shard, finish.
+    """Audit every target: plan (fitted to ``config.time_budget_s`` when set), run as one
+    shard, finish.
 
     Args:
         targets: adapters to audit, or :class:`UnavailableTarget` placeholders (recorded as
@@ -823,14 +1170,58 @@ def run_audit(
             case, no device checks or suite).
         progress: optional callback (steps done, steps planned, current label).
         work_dir: where suite units run, when the config has them.
+        announce: called with the time budget's claim before sampling (with a budget).
 
     Returns:
-        :class:`AuditResult`; ``exit_code`` gives the CLI's exit status.
+        :class:`AuditResult`; ``exit_code`` gives the CLI's exit status (its environment
+        carries the time budget's claim under ``"time budget"``).
 
     Raises:
         ValueError: unknown case ids in ``config.cases``.
     """
     config = config or RunConfig()
     note = load_device_checks()[1] if config.device_checks else None
-    plan = plan_run(config, targets, note)
-    return finish_run([run_shard(plan, ShardSpec(0, 1), work_dir, progress)]).audit
+    plan, deadline, claim = plan_within_budget(config, targets, note, announce)
+    audit = finish_run([run_shard(plan, ShardSpec(0, 1), work_dir, progress, deadline)]).audit
+    if claim is not None:
+        audit.environment["time budget"] = claim
+    return audit
+
+
+def make_budgeted_plan(
+    config: RunConfig, greedy: bool = False, announce: Callable[[str], None] | None = None
+) -> tuple[RunPlan, float | None, str | None]:
+    """:func:`make_plan`, fitted to ``config.time_budget_s`` when set
+    (:func:`plan_within_budget`).
+
+    Raises:
+        ValueError: unknown or repeated target names, or unknown case ids.
+    """
+    adapters, unavailable = resolve_targets(config.targets, greedy=greedy)
+    note = load_device_checks()[1] if config.device_checks else None
+    return plan_within_budget(config, [*adapters, *unavailable], note, announce)
+
+
+def plan_within_budget(
+    config: RunConfig,
+    targets: Sequence[Adapter | UnavailableTarget],
+    device_note: str | None = None,
+    announce: Callable[[str], None] | None = None,
+) -> tuple[RunPlan, float | None, str | None]:
+    """The run's plan; with a time budget, fitted to it first
+    (:func:`losslessness.engine.budget.fit_time_budget`, its claim passed to ``announce``
+    before any sampling).
+
+    Returns:
+        (the plan; the ``time.perf_counter()`` deadline of chain sampling, or None; the
+        budget's claim, or None).
+    """
+    if config.time_budget_s is None:
+        return plan_run(config, targets, device_note), None, None
+    from losslessness.engine.budget import DEADLINE_FRACTION, fit_time_budget
+
+    fit = fit_time_budget(config, targets, device_note)
+    if announce is not None:
+        announce(fit.claim)
+    plan = plan_run(fit.config, targets, device_note)
+    return plan, time.perf_counter() + DEADLINE_FRACTION * config.time_budget_s, fit.claim

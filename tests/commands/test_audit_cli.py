@@ -49,11 +49,16 @@ def lossy_checks(record: dict) -> set[tuple[str, int | None]]:  # type: ignore[t
 def test_wrong_verifier_is_caught_at_default_settings_and_exits_1(
     tmp_path: Path, verifier: str, expected_check: str
 ) -> None:
-    """Power: each deliberately wrong verifier comes out LOSSY with exit code 1, and the
-    output names the failing check and position."""
+    """Power: each deliberately wrong verifier comes out LOSSY with exit code 1, stopped early
+    (the output says after how many steps); in the fixed design (``--no-early-stop``) the
+    output names the check made for that fault and its position."""
     result, record = audit_json(tmp_path, f"tests.wrong_verifiers:{verifier}")
     assert result.exit_code == 1, result.output
     assert record["targets"][0]["verdict"] == "LOSSY"
+    assert re.search(r"stopped early: LOSSY after \d+ verify steps", result.output), result.output
+    assert record["targets"][0]["stopped_early"].startswith("LOSSY after")
+    result, record = audit_json(tmp_path, f"tests.wrong_verifiers:{verifier}", "--no-early-stop")
+    assert result.exit_code == 1, result.output
     failing = lossy_checks(record)
     assert any(check == expected_check for check, _ in failing), failing
     assert re.search(rf"LOSSY {expected_check} at \S+ pos \d", result.output), result.output

@@ -1,0 +1,177 @@
+"""Sequential LOSSY detection on a tree case: after every verifier call, the exact tree checks
+on the new trees and an e-process for every statistical tree assertion (the tree analogue of
+:mod:`losslessness.checks.sequential`).
+
+- ``tree.law`` (one per tested node class): the tokens emitted after nodes of the class are
+  i.i.d. p of the class: the Dirichlet-mixture e-process on the fixed-n test's cells at the
+  planned n (and two coarsenings);
+- ``tree.acceptance`` at depth 1: a root child is accepted with probability at most
+  ``root_bound`` (SpecTr's optimal transport, the LOSSY side of the fixed-n check): the
+  one-sided Beta-mixture e-process; deeper depths only have a SUBOPTIMAL side (never a reason
+  to stop);
+- ``tree.independence``: the first tokens of trees ``2m, 2m+1`` of one call are i.i.d. pairs
+  from p_root x p_root.
+
+Exact checks (``tree.structure``, a token with p = 0 after any node) stop at their first
+violation. Keys are ``(check id, 0, depth, token)`` (the class's token; :data:`ROOT` at the
+root and for acceptance and independence).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from losslessness.cases import TreeCase
+from losslessness.checks.ids import (
+    TREE_ACCEPTANCE_CHECK_ID,
+    TREE_INDEPENDENCE_CHECK_ID,
+    TREE_LAW_CHECK_ID,
+)
+from losslessness.checks.sequential import (
+    AssertionKey,
+    StopDecision,
+    evidence_of,
+    pair_state,
+    update_pairs,
+)
+from losslessness.checks.tree import (
+    RATE_TOLERANCE,
+    ROOT,
+    _well_formed,
+    check_tree_structure,
+    class_p,
+    tree_assertions,
+    visited_classes,
+)
+from losslessness.results import CheckContext, SequentialEvidence, Verdict
+from losslessness.samples import TreeSamples
+from losslessness.stats import pooling_partition
+from losslessness.stats.sequential import (
+    binomial_upper_log_evalue,
+    cell_partitions,
+    partition_mixture_log_evalue,
+)
+
+
+class TreeMonitor:
+    """The sequential tests of one tree case on one target.
+
+    Args:
+        case: the case.
+        planned_steps: trees the fixed-n design plans (the law e-processes' partitions are the
+            fixed-n test's at the expected counts of this many trees).
+        alpha_sequential: each assertion's sequential level, in (0, 1).
+        context: the case's context (for the exact structure check).
+
+    Raises:
+        ValueError: naming ``planned_steps`` or ``alpha_sequential`` when out of range.
+    """
+
+    def __init__(
+        self, case: TreeCase, planned_steps: int, alpha_sequential: float, context: CheckContext
+    ) -> None:
+        if planned_steps < 1:
+            raise ValueError(f"planned_steps: must be >= 1, got {planned_steps}")
+        if not 0.0 < alpha_sequential < 1.0:
+            raise ValueError(f"alpha_sequential: must lie in (0, 1), got {alpha_sequential}")
+        self.case, self.context = case, context
+        self.alpha_sequential = alpha_sequential
+        self.log_threshold = math.log(1.0 / alpha_sequential)
+        self.steps = 0
+        self.decision: StopDecision | None = None
+        self.log_evalues: dict[AssertionKey, float] = {}
+        assertions = tree_assertions(case)
+        vocab = case.vocab_size
+        self.classes: dict[tuple[int, int], tuple[np.ndarray, list[np.ndarray], np.ndarray]] = {}
+        for node_class in assertions.classes:
+            if not node_class.statistical:
+                continue
+            expected = max(1, int(planned_steps * node_class.reach))
+            pooled = pooling_partition(node_class.p / node_class.p.sum(), expected)[0]
+            self.classes[(node_class.depth, node_class.token)] = (
+                node_class.p, cell_partitions(node_class.p, pooled),
+                np.zeros(vocab, dtype=np.int64),
+            )
+        self.bound: float | None = None
+        if assertions.laws is not None and 1 in assertions.acceptance_depths:
+            bound = float(assertions.laws.root_bound) + RATE_TOLERANCE
+            self.bound = bound if bound < 1.0 - RATE_TOLERANCE else None
+        self.accepted = 0
+        self.pairs = (
+            pair_state(class_p(case, 0, ROOT), planned_steps)
+            if assertions.independence and case.batch_size >= 2
+            else None
+        )
+
+    def update(self, samples: TreeSamples) -> bool:
+        """Add one call's trees (``samples`` holds just them, pairs indexed within the call)
+        and decide whether to stop; once True, stays True."""
+        if self.decision is not None:
+            return True
+        self.steps += samples.n_steps
+        structure = check_tree_structure(samples, self.context)
+        if structure.verdict is Verdict.LOSSY:
+            self._stop(f"tree structure violated within {self.steps} trees: "
+                       f"{structure.message}", exact=True)
+            return True
+        case = samples.case
+        rows = _well_formed(samples)
+        _, depth, token, emitted = visited_classes(
+            samples.token_ids[rows], samples.tokens[rows], samples.accepted_nodes[rows],
+            case.depths.numpy(),
+        )
+        outside = (emitted < 0) | (emitted >= case.vocab_size)
+        if outside.any():
+            self._stop(f"token id outside the vocabulary within {self.steps} trees", exact=True)
+            return True
+        for d, x, e in zip(depth.tolist(), token.tolist(), emitted.tolist(), strict=True):
+            if class_p(case, d, x)[e] == 0:
+                where = "root" if d == 0 else f"depth {d} token {x}"
+                self._stop(f"token {e} with p = 0 emitted after the {where} within "
+                           f"{self.steps} trees", exact=True)
+                return True
+        crossed: list[AssertionKey] = []
+        for (d, x), (p, partitions, counts) in self.classes.items():
+            chosen = emitted[(depth == d) & (token == x)]
+            counts += np.bincount(chosen, minlength=case.vocab_size)
+            key = (TREE_LAW_CHECK_ID, 0, d, x)
+            self.log_evalues[key] = partition_mixture_log_evalue(counts, p, partitions)
+        if self.bound is not None:
+            self.accepted += int((samples.accepted_nodes[:, 0] > 0).sum())
+            key = (TREE_ACCEPTANCE_CHECK_ID, 0, 1, ROOT)
+            self.log_evalues[key] = binomial_upper_log_evalue(self.accepted, self.steps,
+                                                              self.bound)
+        if self.pairs is not None:
+            first = samples.tokens[:, 0]
+            update_pairs(self.pairs, first, samples.pairs)
+            key = (TREE_INDEPENDENCE_CHECK_ID, 0, 0, ROOT)
+            self.log_evalues[key] = partition_mixture_log_evalue(
+                self.pairs.counts, self.pairs.probs, self.pairs.partitions
+            )
+        crossed = [key for key, value in self.log_evalues.items() if value >= self.log_threshold]
+        if crossed:
+            self._stop(
+                f"e-value crossed 1/alpha_sequential = {math.exp(self.log_threshold):.3g} "
+                f"within {self.steps} trees ({', '.join(_describe(key) for key in crossed)})",
+                crossed,
+            )
+            return True
+        return False
+
+    def _stop(self, reason: str, crossed: list[AssertionKey] | None = None,
+              exact: bool = False) -> None:
+        self.decision = StopDecision(self.steps, reason, crossed or [], exact)
+
+    def evidence(self) -> dict[AssertionKey, SequentialEvidence]:
+        """Each monitored assertion's evidence so far."""
+        return evidence_of(self.log_evalues, self.alpha_sequential, self.log_threshold,
+                           self.steps, self.decision)
+
+
+def _describe(key: AssertionKey) -> str:
+    check_id, _, depth, token = key
+    if check_id == TREE_LAW_CHECK_ID:
+        return f"{check_id} " + ("root" if depth == 0 else f"depth {depth} token {token}")
+    return check_id if check_id == TREE_INDEPENDENCE_CHECK_ID else f"{check_id} depth {depth}"

@@ -1,0 +1,142 @@
+"""The chain and tree monitors stop on exact violations at once and on conclusive statistical
+evidence, never on a correct verifier's samples, and their evidence lands on the results."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from losslessness.checks import run_chain_checks
+from losslessness.checks.sequential import (
+    ChainMonitor,
+    attach_sequential_evidence,
+    merged_evidence,
+    evidence_to_json,
+)
+from losslessness.checks.tree_sequential import TreeMonitor
+from losslessness.engine.battery import default_chain_battery
+from losslessness.engine.draw import ChainSampler, sample_tree
+from losslessness.engine.tree_battery import default_tree_battery
+from losslessness.reference import verify
+from losslessness.reference.tree import verify_tree
+from losslessness.results import CheckContext, Verdict
+
+CASES = {case.case_id: case for case in default_chain_battery()}
+
+
+def shifted_bonus(target, draft, ids, generator):  # type: ignore[no-untyped-def]
+    """The reference with the bonus token moved to the next token id: well-formed outputs
+    (any token may be a bonus), a wrong law at position k."""
+    out = verify(target, draft, ids, generator)
+    k = ids.shape[1]
+    full = out[:, k] >= 0
+    out[full, k] = (out[full, k] + 1) % target.shape[-1]
+    return out
+
+
+def _context(case_id: str) -> CheckContext:
+    case = CASES[case_id]
+    return CheckContext("t", case.case_id, case.summary, case.case_hash, 1e-4, 0.9, 0.05, 0)
+
+
+def _feed(verifier: object, case_id: str, steps: int, alpha: float, seed: int = 1) -> tuple[
+    ChainMonitor, ChainSampler
+]:
+    case = CASES[case_id]
+    monitor = ChainMonitor(case, steps, alpha, _context(case_id))
+    sampler = ChainSampler(verifier, case, steps, seed, ramp=True)  # type: ignore[arg-type]
+    while not sampler.finished:
+        start, m = sampler.step()
+        outputs = sampler.outputs[:, start : start + m]
+        drafts = sampler.drafts[:, start : start + m]
+        if monitor.update(outputs, drafts, sampler.call_pairs(start, m)):
+            break
+    return monitor, sampler
+
+
+def test_monitor_never_stops_the_reference_and_records_every_assertion() -> None:
+    """A correct verifier on a mixed batch: no stop at a run-like level (1e-6; a false stop has
+    probability below 1e-5 for this fixed seed), and evidence for every law, acceptance and
+    independence assertion of the case."""
+    monitor, sampler = _feed(verify, "v32-mixed-batch", 4000, 1e-6)
+    assert sampler.finished and monitor.decision is None
+    kinds = {key[0] for key in monitor.evidence()}
+    assert kinds == {"law", "acceptance", "independence"}
+    assert all(not item.crossed for item in monitor.evidence().values())
+
+
+def test_monitor_stops_a_wrong_bonus_law_within_a_few_thousand_steps() -> None:
+    """A bonus token off by one id (well-formed outputs, wrong law at position k) is caught
+    by the law e-process at position k long before the planned 20,000 steps, at 1e-6."""
+    monitor, sampler = _feed(shifted_bonus, "v8-far", 20_000, 1e-6)
+    assert monitor.decision is not None and not monitor.decision.exact
+    assert sampler.done <= 2000
+    assert ("law", 0, 1, 0) in monitor.decision.crossed
+    crossed = [item for item in monitor.evidence().values() if item.crossed]
+    assert crossed and all(item.log_e_value >= math.log(1e6) for item in crossed)
+
+
+def test_monitor_stops_at_the_first_call_with_an_impossible_token() -> None:
+    """Exact checks stop at their first violation: a verifier that emits a token with p = 0
+    on the one-hot case stops in the first call, flagged exact."""
+
+    def off_by_one(target, draft, ids, generator):  # type: ignore[no-untyped-def]
+        out = verify(target, draft, ids, generator)
+        out[:, 0] = (out[:, 0] + 1) % target.shape[-1]
+        return out
+
+    monitor, sampler = _feed(off_by_one, "edge-one-hot", 5000, 1e-6)
+    assert monitor.decision is not None and monitor.decision.exact
+    assert sampler.calls == 1
+
+
+def test_attached_crossing_makes_the_result_lossy_with_its_evidence() -> None:
+    """Attaching evidence: the crossed assertion's result is LOSSY whatever its fixed-n test
+    said on the steps drawn, and every monitored result carries its sequential record; the
+    JSON round trip keeps it."""
+    monitor, sampler = _feed(shifted_bonus, "v8-far", 20_000, 1e-6)
+    results = run_chain_checks(sampler.samples(), _context("v8-far"))
+    evidence = merged_evidence([evidence_to_json(monitor.evidence())])
+    attach_sequential_evidence(results, evidence, "stopped")
+    crossed = [r for r in results if r.sequential is not None and r.sequential.crossed]
+    assert crossed and all(r.verdict is Verdict.LOSSY for r in crossed)
+    assert all("sequential test" in r.message or r.p_value <= r.alpha for r in crossed)
+    monitored = [r for r in results if r.sequential is not None]
+    assert {r.check_id for r in monitored} >= {"law", "acceptance"}
+
+
+def test_tree_monitor_stops_a_wrong_tree_verifier_and_not_the_reference() -> None:
+    """The tree monitor: the reference tree verifier is never stopped; a verifier that draws
+    the final token from p instead of the residual is stopped by a law e-process."""
+    case = next(c for c in default_tree_battery() if c.draft_scheme == "iid")
+    context = CheckContext("t", case.case_id, case.summary, case.case_hash, 1e-4, 0.9, 0.05, 0)
+    good = TreeMonitor(case, 8192, 1e-6, context)
+    samples = sample_tree(verify_tree, case, 4096, 3, monitor=good.update)
+    assert good.decision is None and samples.n_steps == 4096
+    assert any(key[0] == "tree.law" for key in good.evidence())
+
+    from losslessness.adapters.tree_mutants import TREE_ZOO
+
+    wrong = next(spec for spec in TREE_ZOO if spec.name == "tree-final-from-root-row")
+    bad = TreeMonitor(case, 8192, 1e-6, context)
+    stopped = sample_tree(wrong.verifier, case, 8192, 3, monitor=bad.update)
+    assert bad.decision is not None and stopped.n_steps < 8192
+
+
+@pytest.mark.parametrize(
+    ("steps", "alpha", "shards"), [(0, 1e-3, 1), (10, 1.0, 1), (10, 1e-3, 0)]
+)
+def test_monitor_rejects_bad_arguments_by_name(steps: int, alpha: float, shards: int) -> None:
+    """Out-of-range design arguments raise ValueError naming them."""
+    with pytest.raises(ValueError, match="planned_steps|alpha_sequential|shards"):
+        ChainMonitor(CASES["v2-tilted"], steps, alpha, _context("v2-tilted"), shards=shards)
+
+
+def test_pairs_of_a_call_are_indexed_within_it() -> None:
+    """The independence pairs of a call starting at an odd step skip its first step (global
+    pairs are (2j, 2j+1))."""
+    sampler = ChainSampler(verify, CASES["v2-tilted"], 10, 0)
+    assert np.array_equal(sampler.call_pairs(3, 5), [[1, 2], [3, 4]])
+    assert np.array_equal(sampler.call_pairs(0, 4), [[0, 1], [2, 3]])

@@ -1,0 +1,140 @@
+"""Sequential early stopping and the time budget in the run engine: a lossy target stops early
+and says after how many steps, a lossless one draws every planned step with each level split
+and stated, cases are interleaved without changing their samples, and a slow target's run fits
+its time budget."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from losslessness.adapters import Adapter, resolve_adapter
+from losslessness.design import RunConfig
+from losslessness.engine import plan_run, run_audit
+from losslessness.engine.budget import FIT_FRACTION, fit_time_budget
+from losslessness.reference import verify
+from losslessness.results import CheckKind, TargetVerdict, Verdict
+from losslessness.stats.sequential import SEQUENTIAL_ALPHA_SHARE
+
+CASES = ("v2-tilted", "v8-far", "v16-near-k4")
+
+
+def test_lossy_mutant_stops_early_and_says_after_how_many_steps() -> None:
+    """A lossy mutant of the zoo is LOSSY after far fewer steps than the plan, its record says
+    why and after how many verify steps, and its other cases stop with it."""
+    mutant = resolve_adapter("mutant/draft-chosen-greedily")
+    config = RunConfig(cases=CASES)
+    planned = sum(grid.n_steps for grid in plan_run(config, [mutant]).record.chain_cases.values())
+    target = run_audit([mutant], config).targets[0]
+    assert target.verdict is TargetVerdict.LOSSY
+    assert target.stopped_early is not None and target.stopped_early.startswith("LOSSY after")
+    assert f"after {target.verify_steps} verify steps" in target.stopped_early
+    assert target.verify_steps < planned / 4
+    assert any(c.verdict is Verdict.LOSSY for c in target.checks)
+
+
+def test_lossless_target_draws_every_planned_step_with_its_level_split_and_stated() -> None:
+    """The reference is not stopped: every case draws its planned steps, every identity and
+    acceptance result states the fixed-n level (alpha) and the sequential level, which sum to
+    the assertion's share of the budget, and the verdict is LOSSLESS."""
+    config = RunConfig(cases=CASES)
+    reference = resolve_adapter("reference")
+    plan = plan_run(config, [reference]).record
+    result = run_audit([reference], config)
+    target = next(t for t in result.targets if t.name == "reference")
+    assert target.verdict is TargetVerdict.LOSSLESS and target.stopped_early is None
+    statistical = [c for c in target.checks if c.kind is CheckKind.STATISTICAL
+                   and c.check_id in ("law", "acceptance", "independence")]
+    assert statistical
+    for check in statistical:
+        assert check.details["steps"] == plan.chain_cases[check.case_id].n_steps
+        assert check.sequential is not None and not check.sequential.crossed
+        assert check.sequential.alpha == pytest.approx(
+            SEQUENTIAL_ALPHA_SHARE * plan.per_assertion_alpha
+        )
+        assert check.alpha + check.sequential.alpha == pytest.approx(plan.per_assertion_alpha)
+
+
+def test_fixed_design_gives_the_whole_level_to_the_fixed_n_test() -> None:
+    """``early_stop=False``: no sequential records, alpha is the whole per-assertion level, and
+    a lossy target draws every planned step."""
+    mutant = resolve_adapter("mutant/draft-chosen-greedily")
+    config = RunConfig(cases=CASES[:1], early_stop=False)
+    plan = plan_run(config, [mutant]).record
+    target = run_audit([mutant], config).targets[0]
+    assert target.verdict is TargetVerdict.LOSSY and target.stopped_early is None
+    assert target.verify_steps == sum(
+        grid.n_steps * 1 for grid in plan.chain_cases.values()
+    )
+    statistical = [c for c in target.checks if c.kind is CheckKind.STATISTICAL]
+    assert all(c.sequential is None for c in statistical)
+    assert all(c.alpha == pytest.approx(plan.per_assertion_alpha) for c in statistical)
+
+
+def test_interleaving_cases_leaves_each_cases_samples_unchanged() -> None:
+    """A case audited with others (sampled call by call, interleaved) gives exactly the
+    p-values it gives alone: its samples depend on its seed, never on the order of calls."""
+    reference = resolve_adapter("reference")
+    together = run_audit([reference], RunConfig(cases=CASES, steps=3000, early_stop=False))
+    alone = run_audit([reference], RunConfig(cases=("v8-far",), steps=3000, early_stop=False))
+
+    def p_values(result: object, case_id: str) -> dict[tuple[str, int | None, int | None], float]:
+        return {
+            (c.check_id, c.position, c.row): c.p_value
+            for t in result.targets  # type: ignore[attr-defined]
+            for c in t.checks
+            if c.case_id == case_id and c.kind is CheckKind.STATISTICAL
+            and c.check_id in ("law", "acceptance", "independence")
+        }
+
+    assert p_values(together, "v8-far") == p_values(alone, "v8-far")
+
+
+def _slow_verify(target: torch.Tensor, draft: torch.Tensor, ids: torch.Tensor,
+                 generator: torch.Generator) -> torch.Tensor:
+    """The reference, one batch row at a time (a batch-1 target)."""
+    rows = [verify(target[b : b + 1], draft[b : b + 1], ids[b : b + 1], generator)
+            for b in range(target.shape[0])]
+    return torch.cat(rows)
+
+
+def test_time_budget_fits_a_slow_target_and_states_what_it_can_claim() -> None:
+    """A batch-1 target under a 6-second budget: the fit raises the design TV (said before
+    sampling, with the warm-up's time), the run samples for at most the budget, and every
+    statistical result reports the minimum detectable TV its samples reached."""
+    slow = Adapter("slow", "reference one row at a time", chain=_slow_verify)
+    config = RunConfig(cases=CASES, time_budget_s=6.0)
+    claims: list[str] = []
+    began = time.perf_counter()
+    result = run_audit([slow], config, announce=claims.append)
+    elapsed = time.perf_counter() - began
+    assert len(claims) == 1 and claims[0].startswith("in 6 s, slow allows TV >= ")
+    fitted = result.config.tv
+    assert fitted > 0.05
+    assert result.environment["time budget"] == claims[0]
+    target = result.targets[0]
+    assert target.verdict is TargetVerdict.LOSSLESS
+    sampling = sum(c.wall_time_s for c in target.checks if c.check_id == "structure")
+    assert sampling <= 6.0
+    assert elapsed <= 6.0 + 30.0
+    laws = [c for c in target.checks if c.check_id == "law" and c.kind is CheckKind.STATISTICAL]
+    assert laws and all(c.min_detectable_tv > 0 for c in laws)
+
+
+def test_fit_drops_cases_only_when_the_rest_cannot_fit_and_names_them() -> None:
+    """The fit's claim is consistent with its plan: the estimate fits FIT_FRACTION of the
+    budget (or one case is left), and dropped cases are named."""
+    slow = Adapter("slow", "reference one row at a time", chain=_slow_verify)
+    fit = fit_time_budget(RunConfig(cases=(*CASES, "v4096-flat"), time_budget_s=4.0), [slow])
+    total = sum(fit.estimate_s.values())
+    assert total <= FIT_FRACTION * 4.0 or len(fit.config.cases) == 1
+    for case_id in fit.dropped:
+        assert case_id in fit.claim and case_id not in fit.config.cases
+
+
+def test_time_budget_must_be_positive() -> None:
+    """A zero or negative budget is refused, naming the field."""
+    with pytest.raises(ValueError, match="time_budget_s"):
+        RunConfig(time_budget_s=0.0)
