@@ -26,6 +26,7 @@ both alternatives within 20,000 steps.
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -182,7 +183,7 @@ def test_monitor_on_the_reference_false_alarm_rate_at_most_nominal(case_id: str)
     for run in range(RUNS):
         # A level no e-value reaches, so that no assertion stops the others' looks.
         monitor = ChainMonitor(case, steps, 1e-300, context)
-        for start, end in zip(bounds[:-1], bounds[1:], strict=True):
+        for start, end in itertools.pairwise(bounds):
             pairs = np.stack([np.arange(0, end - start - 1, 2),
                               np.arange(1, end - start, 2)], axis=1)
             assert not monitor.update(outputs[run, :, start:end], drafts[run, :, start:end],

@@ -12,8 +12,8 @@ from losslessness.checks import run_chain_checks
 from losslessness.checks.sequential import (
     ChainMonitor,
     attach_sequential_evidence,
-    merged_evidence,
     evidence_to_json,
+    merged_evidence,
 )
 from losslessness.checks.tree_sequential import TreeMonitor
 from losslessness.engine.battery import default_chain_battery
@@ -130,7 +130,7 @@ def test_tree_monitor_stops_a_wrong_tree_verifier_and_not_the_reference() -> Non
 )
 def test_monitor_rejects_bad_arguments_by_name(steps: int, alpha: float, shards: int) -> None:
     """Out-of-range design arguments raise ValueError naming them."""
-    with pytest.raises(ValueError, match="planned_steps|alpha_sequential|shards"):
+    with pytest.raises(ValueError, match=r"planned_steps|alpha_sequential|shards"):
         ChainMonitor(CASES["v2-tilted"], steps, alpha, _context("v2-tilted"), shards=shards)
 
 
