@@ -1,7 +1,8 @@
 """The run engine keeps finished results whatever a target does, and reproduces its samples:
 the same p-values and seeds for the same inputs (pinned), hung targets and missing optional
-packages recorded without stopping the run, a missing bonus token caught exactly, only assertions whose samples depend on the target planned,
-and every replay line it prints reproducing its check."""
+packages recorded without stopping the run, a missing bonus token caught exactly, only
+assertions whose samples depend on the target planned, and every replay line it prints
+reproducing its check."""
 
 from __future__ import annotations
 
