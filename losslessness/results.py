@@ -491,6 +491,21 @@ class AuditResult:
         return codes.get(self.verdict, 0)
 
 
+def design_note(config: RunConfig) -> str:
+    """One sentence on the sequential split of the run's levels (empty in the fixed design),
+    for the reports' budget lines."""
+    if not config.early_stop:
+        return ""
+    from losslessness.stats.sequential import SEQUENTIAL_ALPHA_SHARE
+
+    return (
+        f" Each chain and tree assertion's alpha is split: {SEQUENTIAL_ALPHA_SHARE:g} of it to "
+        "a sequential test (an e-process looked at after every call, which stops a lossy "
+        f"target early), {1 - SEQUENTIAL_ALPHA_SHARE:g} to the fixed-n test, whose level is the "
+        "'alpha' column."
+    )
+
+
 def run_environment() -> dict[str, str]:
     """Versions of what a run's numbers depend on: losslessness, Python, torch, numpy, scipy,
     the platform string, and every audited engine that is imported (transformers, vllm,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import html
 
-from losslessness.results import AuditResult, CheckKind, CheckResult, Verdict
+from losslessness.results import AuditResult, CheckKind, CheckResult, Verdict, design_note
 from reports.trends import BASE_ENVIRONMENT, CheckTrend, Trends
 
 STEP_SUMMARY_LIMIT = 1024 * 1024
@@ -129,7 +129,8 @@ def render_markdown(result: AuditResult, trends: Trends | None = None) -> str:
         f"**Budget**: family-wise false-alarm rate {config.family_wise_alpha:g} split "
         f"Bonferroni over {result.n_assertions} statistical assertions, alpha "
         f"{result.per_assertion_alpha:.3g} each; every statistical check is designed to detect "
-        f"TV >= {config.tv:g} with power {config.power:g}; {_underpowered(result)}.",
+        f"TV >= {config.tv:g} with power {config.power:g}; {_underpowered(result)}."
+        + design_note(config),
         "",
         "| target | verdict | "
         + " | ".join(verdict.value for verdict in Verdict)

@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from losslessness.results import AuditResult, CheckKind, TargetVerdict, Verdict
+from losslessness.results import AuditResult, CheckKind, TargetVerdict, Verdict, design_note
 
 _STYLES = {
     Verdict.PASS: "green",
@@ -94,8 +94,10 @@ def print_audit(result: AuditResult, console: Console | None = None) -> None:
         f"{config.family_wise_alpha:g} split over {result.n_assertions} assertions -> "
         f"alpha {result.per_assertion_alpha:.3g} each (Bonferroni). Exact checks have no false "
         "alarms; 'min TV' for them is the smallest violation rate caught with that power, for "
-        "acceptance the smallest shift of the rate."
+        "acceptance the smallest shift of the rate." + design_note(config)
     )
+    if "time budget" in result.environment:
+        console.print(f"time budget: {result.environment['time budget']}")
     for index, target in enumerate(result.targets):
         if target.error is not None:
             console.print(

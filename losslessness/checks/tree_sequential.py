@@ -13,8 +13,9 @@ on the new trees and an e-process for every statistical tree assertion (the tree
   from p_root x p_root.
 
 Exact checks (``tree.structure``, a token with p = 0 after any node) stop at their first
-violation. Keys are ``(check id, 0, depth, token)`` (the class's token; :data:`ROOT` at the
-root and for acceptance and independence).
+violation. Keys are :func:`~losslessness.checks.sequential.assertion_key`'s: ``(check id, 0,
+depth, token)`` for a law class (:data:`ROOT` at the root), token 0 for acceptance (depth 1)
+and independence (depth 0).
 """
 
 from __future__ import annotations
@@ -140,13 +141,13 @@ class TreeMonitor:
             self.log_evalues[key] = partition_mixture_log_evalue(counts, p, partitions)
         if self.bound is not None:
             self.accepted += int((samples.accepted_nodes[:, 0] > 0).sum())
-            key = (TREE_ACCEPTANCE_CHECK_ID, 0, 1, ROOT)
+            key = (TREE_ACCEPTANCE_CHECK_ID, 0, 1, 0)
             self.log_evalues[key] = binomial_upper_log_evalue(self.accepted, self.steps,
                                                               self.bound)
         if self.pairs is not None:
             first = samples.tokens[:, 0]
             update_pairs(self.pairs, first, samples.pairs)
-            key = (TREE_INDEPENDENCE_CHECK_ID, 0, 0, ROOT)
+            key = (TREE_INDEPENDENCE_CHECK_ID, 0, 0, 0)
             self.log_evalues[key] = partition_mixture_log_evalue(
                 self.pairs.counts, self.pairs.probs, self.pairs.partitions
             )

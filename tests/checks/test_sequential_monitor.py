@@ -140,3 +140,18 @@ def test_pairs_of_a_call_are_indexed_within_it() -> None:
     sampler = ChainSampler(verify, CASES["v2-tilted"], 10, 0)
     assert np.array_equal(sampler.call_pairs(3, 5), [[1, 2], [3, 4]])
     assert np.array_equal(sampler.call_pairs(0, 4), [[0, 1], [2, 3]])
+
+
+def test_tree_monitor_keys_match_the_results_they_attach_to() -> None:
+    """Every assertion the tree monitor follows lands on the result of the same assertion
+    (law classes by depth and token, acceptance at depth 1, independence)."""
+    from losslessness.checks.sequential import assertion_key
+    from losslessness.checks.tree import run_tree_checks
+
+    case = next(c for c in default_tree_battery() if c.draft_scheme == "iid")
+    context = CheckContext("t", case.case_id, case.summary, case.case_hash, 1e-4, 0.9, 0.05, 0)
+    monitor = TreeMonitor(case, 2048, 1e-6, context)
+    samples = sample_tree(verify_tree, case, 2048, 5, monitor=monitor.update)
+    keys = {assertion_key(result) for result in run_tree_checks(samples, context)}
+    assert set(monitor.evidence()) <= keys
+    assert {key[0] for key in monitor.evidence()} >= {"tree.law", "tree.independence"}
