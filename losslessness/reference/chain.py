@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from losslessness.protocol import InvalidInputError, validate_chain_inputs
+from losslessness.protocol import ROW_SUM_TOLERANCE, InvalidInputError, validate_chain_inputs
 from losslessness.reference.laws import residual_distribution
 from losslessness.reference.output import accepted_lengths, emitted_tokens
 from losslessness.reference.sampling import (
@@ -102,6 +102,10 @@ def verify(
         InvalidInputError: see :func:`losslessness.protocol.validate_chain_inputs`; inputs on
             different devices; malformed ``uniforms`` (see :func:`verify_with_uniforms`).
     """
+    if isinstance(generator, torch.Generator) and _screenable(
+        target_probs, draft_probs, draft_token_ids
+    ):
+        return _verify_screened(target_probs, draft_probs, draft_token_ids, generator, uniforms)
     batch, k, _ = validate_chain_inputs(target_probs, draft_probs, draft_token_ids, generator)
     _require_same_device(target_probs, draft_probs, draft_token_ids)
     device = target_probs.device
@@ -150,6 +154,14 @@ def verify_with_uniforms(
             :func:`losslessness.protocol.validate_chain_inputs`), inputs on different devices,
             or uniforms of the wrong type or shape, NaN, or outside ``[0, 1)``.
     """
+    if _screenable(target_probs, draft_probs, draft_token_ids):
+        return _verify_screened(
+            target_probs,
+            draft_probs,
+            draft_token_ids,
+            None,
+            ChainUniforms(accept_uniforms, sample_uniforms),
+        )
     batch, k, _ = validate_chain_inputs(target_probs, draft_probs, draft_token_ids)
     _require_same_device(target_probs, draft_probs, draft_token_ids)
     accept, sample = _checked_uniforms(
@@ -176,6 +188,148 @@ def shares_rows(target_probs: torch.Tensor, draft_probs: torch.Tensor) -> bool:
     if target_probs.shape[0] <= 1 or target_probs.stride(0) != 0:
         return False
     return draft_probs.numel() == 0 or draft_probs.stride(0) == 0
+
+
+_SCREENED_DTYPES = (torch.float64, torch.float32)
+
+
+def _screenable(target_probs: object, draft_probs: object, draft_token_ids: object) -> bool:
+    """Whether a call may take the screened distinct-row path (:func:`_verify_screened`).
+
+    Only cheap structural facts are looked at here (types, ranks, shapes, dtypes, devices,
+    layout, and the ``[B, k]`` ids' range); the ``O(B k V)`` value checks of
+    :func:`losslessness.protocol.validate_chain_inputs` are left to the path itself, which
+    makes them on the way. Every call that fails this test takes the general path
+    (``validate_chain_inputs``, then the shared or per-row path), so a malformed argument is
+    always reported by the protocol's own validator.
+
+    Returns:
+        True for CPU ``target_probs [B, k+1, V]`` and ``draft_probs [B, k, V]``, contiguous,
+        float32 or float64, not requiring grad, with B >= 1, k >= 1, V >= 1, and int64
+        ``draft_token_ids [B, k]`` in ``[0, V)`` on CPU.
+    """
+    if not (
+        isinstance(target_probs, torch.Tensor)
+        and isinstance(draft_probs, torch.Tensor)
+        and isinstance(draft_token_ids, torch.Tensor)
+    ):
+        return False
+    if target_probs.dim() != 3 or draft_probs.dim() != 3 or draft_token_ids.dim() != 2:
+        return False
+    batch, positions, vocab = target_probs.shape
+    k = positions - 1
+    if batch < 1 or k < 1 or vocab < 1:
+        return False
+    if tuple(draft_probs.shape) != (batch, k, vocab) or tuple(draft_token_ids.shape) != (batch, k):
+        return False
+    for probs in (target_probs, draft_probs):
+        if (
+            probs.dtype not in _SCREENED_DTYPES
+            or probs.device.type != "cpu"
+            or probs.requires_grad
+            or not probs.is_contiguous()
+        ):
+            return False
+    if draft_token_ids.dtype != torch.int64 or draft_token_ids.device.type != "cpu":
+        return False
+    low, high = torch.aminmax(draft_token_ids)
+    return int(low) >= 0 and int(high) < vocab
+
+
+class _ScreenFailed(Exception):
+    """A chunk of the screened path failed the value checks; the caller re-validates."""
+
+
+def _verify_screened(
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    generator: torch.Generator | None,
+    uniforms: object,
+) -> torch.Tensor:
+    """:func:`verify` (``generator`` given) or :func:`verify_with_uniforms` (``generator``
+    None, ``uniforms`` a :class:`ChainUniforms`) on inputs that pass :func:`_screenable`, with
+    the input validation fused into the per-row path's chunks.
+
+    The value checks of :func:`losslessness.protocol.validate_chain_inputs` (NaN/inf, negative
+    mass, rows summing to 1 within ``ROW_SUM_TOLERANCE``, no draft on a zero of q) are made
+    chunk by chunk while the chunk is in cache: the float64 row sums the verifier needs anyway
+    are the validator's own sums (NaN and inf propagate into them), the smallest entry is one
+    extra scan of the cached chunk, the drafted entries of q are the ones the acceptance
+    ratios gather. So the ``[B, 2k+1, V]`` input is read from memory once instead of three
+    times. Any doubt (a chunk failing a check, malformed uniforms) hands the call to
+    ``validate_chain_inputs``, which raises the protocol's error naming the argument (the
+    first in the protocol's order), with the generator restored to its state before the call.
+    Should it find nothing (the checks here are the validator's own, so this is a safety net,
+    not a path taken in practice), the general per-row path verifies with the same uniforms.
+
+    Returns:
+        ``[B, k+1]`` int64, as :func:`verify`.
+
+    Raises:
+        InvalidInputError: as :func:`verify` and :func:`verify_with_uniforms`.
+    """
+    batch, k = draft_token_ids.shape
+    device = target_probs.device
+    state = None
+    try:
+        if generator is None or uniforms is not None:
+            if not isinstance(uniforms, ChainUniforms):
+                raise InvalidInputError(
+                    "uniforms",
+                    f"expected a ChainUniforms or None, got {type(uniforms).__name__}",
+                )
+            accept, sample = _checked_uniforms(uniforms, batch, k, device)
+        else:
+            state = generator.get_state()
+            drawn = ChainUniforms.draw(batch, k, generator)
+            dtype = compute_dtype(device)
+            accept = drawn.accept_uniforms.to(device=device, dtype=dtype)
+            sample = drawn.sample_uniforms.to(device=device, dtype=dtype)
+    except InvalidInputError:
+        # The protocol reports malformed probabilities before malformed uniforms.
+        validate_chain_inputs(target_probs, draft_probs, draft_token_ids)
+        raise
+    try:
+        return _verify_per_row(target_probs, draft_probs, draft_token_ids, accept, sample, True)
+    except _ScreenFailed:
+        try:
+            validate_chain_inputs(target_probs, draft_probs, draft_token_ids)
+        except InvalidInputError:
+            if generator is not None and state is not None:
+                generator.set_state(state)
+            raise
+    return _verify_per_row(target_probs, draft_probs, draft_token_ids, accept, sample, False)
+
+
+def _smallest_entry(probs: torch.Tensor) -> float:
+    """The smallest entry of a contiguous CPU float tensor (NaN if it holds one), by numpy's
+    SIMD minimum: about twice as fast as ``torch.min`` on a cached chunk on one thread."""
+    return float(probs.numpy().min())
+
+
+def _chunk_is_valid(
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor,
+    target_sums: torch.Tensor,
+    draft_sums: torch.Tensor,
+) -> bool:
+    """The value checks of ``validate_probability_rows`` on one chunk of the screened path:
+    every row sum (float64, as the validator computes it) within ``ROW_SUM_TOLERANCE`` of 1
+    (false for a NaN or infinite sum, hence for any NaN or inf entry), and no entry below 0.
+
+    Args:
+        target_probs: ``[c, k+1, V]`` contiguous CPU float.
+        draft_probs: ``[c, k, V]`` contiguous CPU float.
+        target_sums: ``[c, k+1]`` float64 row sums of ``target_probs``.
+        draft_sums: ``[c, k]`` float64 row sums of ``draft_probs``.
+    """
+    worst = torch.maximum(
+        target_sums.sub(1.0).abs_().amax(), draft_sums.sub(1.0).abs_().amax()
+    )
+    if not float(worst) <= ROW_SUM_TOLERANCE:
+        return False
+    return _smallest_entry(target_probs) >= 0 and _smallest_entry(draft_probs) >= 0
 
 
 def _require_same_device(
@@ -308,6 +462,7 @@ def _verify_per_row(
     draft_token_ids: torch.Tensor,
     accept_uniforms: torch.Tensor,
     sample_uniforms: torch.Tensor,
+    screen: bool = False,
 ) -> torch.Tensor:
     """Every row its own tables, in chunks of rows: ``O(B k V)`` time, bounded memory.
 
@@ -319,6 +474,11 @@ def _verify_per_row(
     the ``[B, k+1]`` output and ``O(B)`` decisions, plus temporaries of a few ``[c, V]``
     rows per chunk (``c (2k+1) V <= PER_ROW_CHUNK_ELEMENTS`` on CPU, or one row when a row is
     larger), whatever B is.
+
+    With ``screen`` (:func:`_verify_screened`, inputs that passed :func:`_screenable`), each
+    chunk also makes the value checks of the protocol's validator on the way
+    (:func:`_chunk_is_valid`, and no drafted entry of q at 0), raising ``_ScreenFailed`` at
+    the first chunk that fails them.
     """
     batch, k = draft_token_ids.shape
     device = target_probs.device
@@ -338,6 +498,7 @@ def _verify_per_row(
             index,
             n_accepted[rows],
             final[rows],
+            screen,
         )
     return emitted_tokens(ids, n_accepted, final)
 
@@ -351,27 +512,48 @@ def _verify_rows(
     index: _ChunkIndex,
     n_accepted: torch.Tensor,
     final: torch.Tensor,
+    screen: bool = False,
 ) -> None:
-    """One chunk of :func:`_verify_per_row`: fills ``n_accepted`` and ``final`` (``[c]``)."""
+    """One chunk of :func:`_verify_per_row`: fills ``n_accepted`` and ``final`` (``[c]``).
+
+    With ``screen``, also checks the chunk's values (raises ``_ScreenFailed``), and takes the
+    two stopping rows' sums from the row sums it computed for that (the same numbers: a row's
+    float64 sum does not depend on the tensor it sits in, pinned by the tests)."""
     k = ids.shape[1]
     dtype = compute_dtype(target_probs.device)
+    p_sums = q_sums = None
     if k > 0:
         # Rows are valid to 1e-5; dividing by the row sums makes the law followed exactly
         # "row / row sum". Only the gathered entries and two rows per step are converted,
         # never a float64 copy of the whole [B, k+1, V] input.
-        p_sums = _row_sums(target_probs[:, :k], dtype)
+        p_sums = _row_sums(target_probs if screen else target_probs[:, :k], dtype)
         q_sums = _row_sums(draft_probs, dtype)
+        if screen and not _chunk_is_valid(target_probs, draft_probs, p_sums, q_sums):
+            raise _ScreenFailed
         # (p_d / p_sum) / (q_d / q_sum), in place on the freshly gathered entries.
-        ratio = _entries_at(target_probs, ids, index.target_entries, dtype).div_(p_sums)
-        ratio.div_(_entries_at(draft_probs, ids, index.draft_entries, dtype).div_(q_sums))
+        ratio = _entries_at(target_probs, ids, index.target_entries, dtype)
+        ratio.div_(p_sums[:, :k])
+        drafted = _entries_at(draft_probs, ids, index.draft_entries, dtype)
+        if screen and not bool(drafted.amin() > 0):
+            raise _ScreenFailed  # a draft on a zero of q: the validator names the id
+        ratio.div_(drafted.div_(q_sums))
         n_accepted.copy_(accepted_lengths(accept_uniforms < ratio))
-        draft_rows = _rows_at(draft_probs, n_accepted.clamp(max=k - 1), index.draft_rows)
+        draft_position = n_accepted.clamp(max=k - 1)
+        draft_rows = _rows_at(draft_probs, draft_position, index.draft_rows)
     else:
         n_accepted.zero_()
     target_rows = _rows_at(target_probs, n_accepted, index.target_rows)
     if k == 0:
         draft_rows = target_rows  # every row is the bonus: q is never read
-    final.copy_(_final_tokens(target_rows, draft_rows, n_accepted == k, sample_uniforms))
+    bonus = n_accepted == k
+    if screen and p_sums is not None and q_sums is not None:
+        sums = (
+            p_sums.gather(1, n_accepted.unsqueeze(1)),
+            q_sums.gather(1, draft_position.unsqueeze(1)),
+        )
+        final.copy_(_final_tokens(target_rows, draft_rows, bonus, sample_uniforms, sums))
+    else:
+        final.copy_(_final_tokens(target_rows, draft_rows, bonus, sample_uniforms))
 
 
 def _row_sums(probs: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -416,6 +598,7 @@ def _final_tokens(
     draft_rows: torch.Tensor,
     bonus: torch.Tensor,
     sample_uniforms: torch.Tensor,
+    row_sums: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """The token emitted after the accepted drafts, one law per row, by inverse CDF.
 
@@ -432,6 +615,9 @@ def _final_tokens(
             tensor, overwritten.
         bonus: ``[N]`` bool, all k drafts accepted: the law is p_k itself.
         sample_uniforms: ``[N]`` float in ``[0, 1)`` in the compute dtype.
+        row_sums: optional ``([N, 1], [N, 1])`` float64, the sums of ``target_rows`` and
+            ``draft_rows`` in the compute dtype, already computed by the caller (bit for bit
+            what this function would compute; used only where the compute dtype is float64).
 
     Returns:
         ``[N]`` int64 token ids. Never a token of zero mass in its law, so never a token with
@@ -445,11 +631,11 @@ def _final_tokens(
         # residual_distribution computes in float64: keep the exact composition off CPU/CUDA.
         return sample_inverse_cdf(_final_laws(target_rows, draft_rows, bonus), sample_uniforms)
     p = target_rows.to(dtype)
-    p.div_(p.sum(dim=-1, keepdim=True))
+    p.div_(p.sum(dim=-1, keepdim=True) if row_sums is None else row_sums[0])
     if bool(bonus.all()):
         return sample_inverse_cdf(p, sample_uniforms)
     q = draft_rows.to(dtype)
-    q.div_(q.sum(dim=-1, keepdim=True))
+    q.div_(q.sum(dim=-1, keepdim=True) if row_sums is None else row_sums[1])
     # The operations of laws.residual_distribution, in place on q.
     law = torch.sub(p, q, out=q).clamp_(min=0.0)
     peak = law.amax(dim=-1, keepdim=True)

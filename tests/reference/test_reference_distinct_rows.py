@@ -182,6 +182,7 @@ def test_the_distinct_row_law_test_fails_a_path_that_resamples_rejections_from_p
         draft_rows: torch.Tensor,
         bonus: torch.Tensor,
         sample_uniforms: torch.Tensor,
+        row_sums: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         return sample_inverse_cdf(target_rows.double(), sample_uniforms)
 
