@@ -205,7 +205,7 @@ def _screenable(target_probs: object, draft_probs: object, draft_token_ids: obje
 
     Returns:
         True for CPU ``target_probs [B, k+1, V]`` and ``draft_probs [B, k, V]``, contiguous,
-        float32 or float64, not requiring grad, with B >= 1, k >= 1, V >= 1, and int64
+        float32 or float64, with B >= 1, k >= 1, V >= 1, and int64
         ``draft_token_ids [B, k]`` in ``[0, V)`` on CPU.
     """
     if not (
@@ -226,7 +226,6 @@ def _screenable(target_probs: object, draft_probs: object, draft_token_ids: obje
         if (
             probs.dtype not in _SCREENED_DTYPES
             or probs.device.type != "cpu"
-            or probs.requires_grad
             or not probs.is_contiguous()
         ):
             return False
@@ -272,6 +271,8 @@ def _verify_screened(
     batch, k = draft_token_ids.shape
     device = target_probs.device
     state = None
+    # The reference is not differentiable; detached views let numpy read the chunks.
+    target_probs, draft_probs = target_probs.detach(), draft_probs.detach()
     try:
         if generator is None or uniforms is not None:
             if not isinstance(uniforms, ChainUniforms):
@@ -324,9 +325,7 @@ def _chunk_is_valid(
         target_sums: ``[c, k+1]`` float64 row sums of ``target_probs``.
         draft_sums: ``[c, k]`` float64 row sums of ``draft_probs``.
     """
-    worst = torch.maximum(
-        target_sums.sub(1.0).abs_().amax(), draft_sums.sub(1.0).abs_().amax()
-    )
+    worst = torch.maximum(target_sums.sub(1.0).abs_().amax(), draft_sums.sub(1.0).abs_().amax())
     if not float(worst) <= ROW_SUM_TOLERANCE:
         return False
     return _smallest_entry(target_probs) >= 0 and _smallest_entry(draft_probs) >= 0
@@ -393,6 +392,8 @@ def _verify_validated(
     accept_uniforms: torch.Tensor,
     sample_uniforms: torch.Tensor,
 ) -> torch.Tensor:
+    # The reference is not differentiable (and its in-place steps refuse tensors with grad).
+    target_probs, draft_probs = target_probs.detach(), draft_probs.detach()
     if shares_rows(target_probs, draft_probs):
         return _verify_shared(
             target_probs, draft_probs, draft_token_ids, accept_uniforms, sample_uniforms
