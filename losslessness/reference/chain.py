@@ -292,7 +292,7 @@ def _verify_screened(
         validate_chain_inputs(target_probs, draft_probs, draft_token_ids)
         raise
     try:
-        return _verify_per_row(target_probs, draft_probs, draft_token_ids, accept, sample, True)
+        return _verify_screened_rows(target_probs, draft_probs, draft_token_ids, accept, sample)
     except _ScreenFailed:
         try:
             validate_chain_inputs(target_probs, draft_probs, draft_token_ids)
@@ -300,7 +300,7 @@ def _verify_screened(
             if generator is not None and state is not None:
                 generator.set_state(state)
             raise
-    return _verify_per_row(target_probs, draft_probs, draft_token_ids, accept, sample, False)
+    return _verify_per_row(target_probs, draft_probs, draft_token_ids, accept, sample)
 
 
 def _smallest_entry(probs: torch.Tensor) -> float:
@@ -309,26 +309,146 @@ def _smallest_entry(probs: torch.Tensor) -> float:
     return float(probs.numpy().min())
 
 
-def _chunk_is_valid(
+def _verify_screened_rows(
     target_probs: torch.Tensor,
     draft_probs: torch.Tensor,
-    target_sums: torch.Tensor,
-    draft_sums: torch.Tensor,
-) -> bool:
-    """The value checks of ``validate_probability_rows`` on one chunk of the screened path:
-    every row sum (float64, as the validator computes it) within ``ROW_SUM_TOLERANCE`` of 1
-    (false for a NaN or infinite sum, hence for any NaN or inf entry), and no entry below 0.
+    draft_token_ids: torch.Tensor,
+    accept_uniforms: torch.Tensor,
+    sample_uniforms: torch.Tensor,
+) -> torch.Tensor:
+    """The per-row path on inputs that passed :func:`_screenable`, checking their values on
+    the way (raises ``_ScreenFailed`` when a check fails; the tokens drawn are then dropped).
+
+    In chunks of :func:`_rows_per_chunk` rows (:func:`_screen_rows`), each chunk is read from
+    memory once, by its float64 row sums; while it is in cache it is scanned for its smallest
+    entry, gathered at the drafts (the acceptance decisions follow) and at each step's two
+    stopping rows, from which the step's one token is drawn (:func:`_final_tokens`, handed
+    the stopping rows' sums). That is the only full pass over the ``[B, 2k+1, V]`` input; the
+    validator's value checks are made on the numbers so collected (:class:`_Screen`). The
+    float operations are those of :func:`_verify_per_row` and :func:`_verify_shared`, so the
+    outputs equal theirs for the same uniforms (pinned by
+    ``tests/reference/test_reference_screened_rows.py``). Memory: the output, ``O(B)``
+    numbers and a few ``[c, V]`` temporaries per chunk (chunk-sized allocations, which the
+    allocator recycles: a fresh ``[B, V]`` buffer would cost a page fault per 4 KiB).
 
     Args:
-        target_probs: ``[c, k+1, V]`` contiguous CPU float.
-        draft_probs: ``[c, k, V]`` contiguous CPU float.
-        target_sums: ``[c, k+1]`` float64 row sums of ``target_probs``.
-        draft_sums: ``[c, k]`` float64 row sums of ``draft_probs``.
+        target_probs: ``[B, k+1, V]`` contiguous CPU float32/float64, k >= 1.
+        draft_probs: ``[B, k, V]`` contiguous CPU float32/float64.
+        draft_token_ids: ``[B, k]`` int64 in ``[0, V)``.
+        accept_uniforms: ``[B, k]`` float64 in ``[0, 1)``.
+        sample_uniforms: ``[B]`` float64 in ``[0, 1)``.
+
+    Returns:
+        ``[B, k+1]`` int64, as :func:`verify`.
     """
-    worst = torch.maximum(target_sums.sub(1.0).abs_().amax(), draft_sums.sub(1.0).abs_().amax())
-    if not float(worst) <= ROW_SUM_TOLERANCE:
-        return False
-    return _smallest_entry(target_probs) >= 0 and _smallest_entry(draft_probs) >= 0
+    batch, k = draft_token_ids.shape
+    vocab = target_probs.shape[-1]
+    device = target_probs.device
+    dtype = compute_dtype(device)
+    screen = _Screen(
+        smallest=[],
+        worst_sum_error=torch.zeros((), dtype=dtype, device=device),
+        smallest_drafted=torch.full((), float("inf"), dtype=dtype, device=device),
+    )
+    n_accepted = torch.empty(batch, dtype=torch.int64, device=device)
+    final = torch.empty(batch, dtype=torch.int64, device=device)
+    step = _rows_per_chunk(k, vocab, device)
+    index = _ChunkIndex.build(min(step, batch), k, vocab, device)
+    for start in range(0, batch, step):
+        rows = slice(start, min(batch, start + step))
+        _screen_rows(
+            target_probs[rows],
+            draft_probs[rows],
+            draft_token_ids[rows],
+            accept_uniforms[rows],
+            sample_uniforms[rows],
+            index,
+            screen,
+            n_accepted[rows],
+            final[rows],
+        )
+    if not screen.passed():
+        raise _ScreenFailed
+    return emitted_tokens(draft_token_ids, n_accepted, final)
+
+
+@dataclass
+class _Screen:
+    """The value checks of ``validate_chain_inputs``, accumulated over the chunks of
+    :func:`_verify_screened_rows`.
+
+    Attributes:
+        smallest: the smallest entry of every chunk of both inputs.
+        worst_sum_error: ``[]`` float64, the largest ``|row sum - 1|`` so far (NaN once a sum
+            is NaN: ``torch.maximum`` propagates it).
+        smallest_drafted: ``[]`` float64, the smallest ``q_i(d_i)`` so far.
+    """
+
+    smallest: list[float]
+    worst_sum_error: torch.Tensor
+    smallest_drafted: torch.Tensor
+
+    def passed(self) -> bool:
+        """True iff every row sum (float64, the validator's own) lies within
+        ``ROW_SUM_TOLERANCE`` of 1 (false for a NaN or infinite sum, hence for any NaN or inf
+        entry: they propagate into the sums), no entry is below 0 (``-0.0`` is not, as for
+        the validator), and no draft sits on a zero of q."""
+        if not float(self.worst_sum_error) <= ROW_SUM_TOLERANCE:
+            return False
+        if not min(self.smallest) >= 0:
+            return False
+        return float(self.smallest_drafted) > 0
+
+
+def _screen_rows(
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor,
+    ids: torch.Tensor,
+    accept_uniforms: torch.Tensor,
+    sample_uniforms: torch.Tensor,
+    index: _ChunkIndex,
+    screen: _Screen,
+    n_accepted: torch.Tensor,
+    final: torch.Tensor,
+) -> None:
+    """One chunk of :func:`_verify_screened_rows`: fills ``n_accepted`` and ``final`` ``[c]``.
+
+    Reads the contiguous chunk ``[c, k+1, V]`` / ``[c, k, V]`` from memory once (its float64
+    row sums, bit for bit those of :func:`_row_sums` and of the validator), then from cache:
+    its smallest entries, sum errors and drafted q entries into ``screen``, the acceptance
+    decisions and the final token (the operations of :func:`_verify_rows`)."""
+    rows, k = ids.shape
+    vocab = target_probs.shape[-1]
+    dtype = screen.worst_sum_error.dtype
+    p_sums = target_probs.to(dtype).sum(dim=-1)
+    q_sums = draft_probs.to(dtype).sum(dim=-1)
+    screen.smallest.append(_smallest_entry(target_probs))
+    screen.smallest.append(_smallest_entry(draft_probs))
+    error = torch.maximum(p_sums.sub(1.0).abs_().amax(), q_sums.sub(1.0).abs_().amax())
+    torch.maximum(screen.worst_sum_error, error, out=screen.worst_sum_error)
+    # (p_d / p_sum) / (q_d / q_sum), in place on the freshly gathered entries.
+    ratio = _entries_at(target_probs, ids, index.target_entries, dtype).div_(p_sums[:, :k])
+    drafted = _entries_at(draft_probs, ids, index.draft_entries, dtype)
+    torch.minimum(screen.smallest_drafted, drafted.amin(), out=screen.smallest_drafted)
+    ratio.div_(drafted.div_(q_sums))
+    n_accepted.copy_(accepted_lengths(accept_uniforms < ratio))
+    # Step b stops at row target_row[b] of the chunk's [c (k+1), V] rows (and of its
+    # flattened sums), and at row draft_row[b] of its [c k, V] rows.
+    target_row = index.target_rows[:rows].add(n_accepted)
+    draft_row = index.draft_rows[:rows].add(n_accepted.clamp(max=k - 1))
+    sums = (
+        p_sums.view(-1).index_select(0, target_row).unsqueeze(1),
+        q_sums.view(-1).index_select(0, draft_row).unsqueeze(1),
+    )
+    final.copy_(
+        _final_tokens(
+            target_probs.view(-1, vocab).index_select(0, target_row),
+            draft_probs.view(-1, vocab).index_select(0, draft_row),
+            n_accepted == k,
+            sample_uniforms,
+            sums,
+        )
+    )
 
 
 def _require_same_device(
@@ -463,7 +583,6 @@ def _verify_per_row(
     draft_token_ids: torch.Tensor,
     accept_uniforms: torch.Tensor,
     sample_uniforms: torch.Tensor,
-    screen: bool = False,
 ) -> torch.Tensor:
     """Every row its own tables, in chunks of rows: ``O(B k V)`` time, bounded memory.
 
@@ -475,11 +594,6 @@ def _verify_per_row(
     the ``[B, k+1]`` output and ``O(B)`` decisions, plus temporaries of a few ``[c, V]``
     rows per chunk (``c (2k+1) V <= PER_ROW_CHUNK_ELEMENTS`` on CPU, or one row when a row is
     larger), whatever B is.
-
-    With ``screen`` (:func:`_verify_screened`, inputs that passed :func:`_screenable`), each
-    chunk also makes the value checks of the protocol's validator on the way
-    (:func:`_chunk_is_valid`, and no drafted entry of q at 0), raising ``_ScreenFailed`` at
-    the first chunk that fails them.
     """
     batch, k = draft_token_ids.shape
     device = target_probs.device
@@ -499,7 +613,6 @@ def _verify_per_row(
             index,
             n_accepted[rows],
             final[rows],
-            screen,
         )
     return emitted_tokens(ids, n_accepted, final)
 
@@ -513,48 +626,27 @@ def _verify_rows(
     index: _ChunkIndex,
     n_accepted: torch.Tensor,
     final: torch.Tensor,
-    screen: bool = False,
 ) -> None:
-    """One chunk of :func:`_verify_per_row`: fills ``n_accepted`` and ``final`` (``[c]``).
-
-    With ``screen``, also checks the chunk's values (raises ``_ScreenFailed``), and takes the
-    two stopping rows' sums from the row sums it computed for that (the same numbers: a row's
-    float64 sum does not depend on the tensor it sits in, pinned by the tests)."""
+    """One chunk of :func:`_verify_per_row`: fills ``n_accepted`` and ``final`` (``[c]``)."""
     k = ids.shape[1]
     dtype = compute_dtype(target_probs.device)
-    p_sums = q_sums = None
     if k > 0:
         # Rows are valid to 1e-5; dividing by the row sums makes the law followed exactly
         # "row / row sum". Only the gathered entries and two rows per step are converted,
         # never a float64 copy of the whole [B, k+1, V] input.
-        p_sums = _row_sums(target_probs if screen else target_probs[:, :k], dtype)
+        p_sums = _row_sums(target_probs[:, :k], dtype)
         q_sums = _row_sums(draft_probs, dtype)
-        if screen and not _chunk_is_valid(target_probs, draft_probs, p_sums, q_sums):
-            raise _ScreenFailed
         # (p_d / p_sum) / (q_d / q_sum), in place on the freshly gathered entries.
-        ratio = _entries_at(target_probs, ids, index.target_entries, dtype)
-        ratio.div_(p_sums[:, :k])
-        drafted = _entries_at(draft_probs, ids, index.draft_entries, dtype)
-        if screen and not bool(drafted.amin() > 0):
-            raise _ScreenFailed  # a draft on a zero of q: the validator names the id
-        ratio.div_(drafted.div_(q_sums))
+        ratio = _entries_at(target_probs, ids, index.target_entries, dtype).div_(p_sums)
+        ratio.div_(_entries_at(draft_probs, ids, index.draft_entries, dtype).div_(q_sums))
         n_accepted.copy_(accepted_lengths(accept_uniforms < ratio))
-        draft_position = n_accepted.clamp(max=k - 1)
-        draft_rows = _rows_at(draft_probs, draft_position, index.draft_rows)
+        draft_rows = _rows_at(draft_probs, n_accepted.clamp(max=k - 1), index.draft_rows)
     else:
         n_accepted.zero_()
     target_rows = _rows_at(target_probs, n_accepted, index.target_rows)
     if k == 0:
         draft_rows = target_rows  # every row is the bonus: q is never read
-    bonus = n_accepted == k
-    if screen and p_sums is not None and q_sums is not None:
-        sums = (
-            p_sums.gather(1, n_accepted.unsqueeze(1)),
-            q_sums.gather(1, draft_position.unsqueeze(1)),
-        )
-        final.copy_(_final_tokens(target_rows, draft_rows, bonus, sample_uniforms, sums))
-    else:
-        final.copy_(_final_tokens(target_rows, draft_rows, bonus, sample_uniforms))
+    final.copy_(_final_tokens(target_rows, draft_rows, n_accepted == k, sample_uniforms))
 
 
 def _row_sums(probs: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

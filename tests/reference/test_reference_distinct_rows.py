@@ -358,9 +358,7 @@ def test_per_row_chunks_bound_the_memory_whatever_the_batch(
     assert (rows + 1) * per_row > budget
 
 
-def _spy(calls: list[int]) -> Callable[..., None]:
-    original = chain._verify_rows
-
+def _spy(calls: list[int], original: Callable[..., None]) -> Callable[..., None]:
     def spy(*args: torch.Tensor) -> None:
         calls.append(int(args[0].shape[0]))
         original(*args)
@@ -371,13 +369,15 @@ def _spy(calls: list[int]) -> Callable[..., None]:
 def test_per_row_path_covers_the_batch_in_chunks_of_the_stated_size(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The chunking really happens: a spy on the chunk function sees ``ceil(B / rows)`` calls
-    of ``rows`` rows (the last one ragged) covering the batch once."""
-    calls: list[int] = []
-    monkeypatch.setattr(chain, "_verify_rows", _spy(calls))
+    """The chunking really happens, on the general per-row path (int32 ids keep the call off
+    the screened path) and on the screened one: a spy on each chunk function sees
+    ``ceil(B / rows)`` calls of ``rows`` rows (the last one ragged) covering the batch once."""
     monkeypatch.setattr(chain, "PER_ROW_CHUNK_ELEMENTS", 7 * 16 * 10)
     p, q = _row_types(torch.float64)
     target, draft = _interleaved(p, q, 13)
     ids = _drafts(draft, torch.Generator().manual_seed(SEED))
-    verify(target, draft, ids, torch.Generator().manual_seed(SEED))
-    assert calls == [10] * 10 + [4]
+    for chunk_function, draft_ids in (("_verify_rows", ids.to(torch.int32)), ("_screen_rows", ids)):
+        calls: list[int] = []
+        monkeypatch.setattr(chain, chunk_function, _spy(calls, getattr(chain, chunk_function)))
+        verify(target, draft, draft_ids, torch.Generator().manual_seed(SEED))
+        assert calls == [10] * 10 + [4], chunk_function

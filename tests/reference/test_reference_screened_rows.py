@@ -146,7 +146,7 @@ def test_screened_path_equals_the_general_per_row_path_and_the_shared_path(
     assert 1 < chain._rows_per_chunk(k, vocab) < batch
     screened = verify(target, draft, ids, generator, uniforms=uniforms)
     general = chain._verify_per_row(
-        target, draft, ids, uniforms.accept_uniforms, uniforms.sample_uniforms, False
+        target, draft, ids, uniforms.accept_uniforms, uniforms.sample_uniforms
     )
     assert torch.equal(screened, general)
     for b in range(batch):
@@ -266,7 +266,7 @@ def test_negative_zero_entries_are_valid_on_the_screened_path() -> None:
     uniforms = ChainUniforms.draw(40, 2, generator)
     screened = verify(target, draft, ids, generator, uniforms=uniforms)
     general = chain._verify_per_row(
-        target, draft, ids, uniforms.accept_uniforms, uniforms.sample_uniforms, False
+        target, draft, ids, uniforms.accept_uniforms, uniforms.sample_uniforms
     )
     assert torch.equal(screened, general)
 
