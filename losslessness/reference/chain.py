@@ -19,6 +19,14 @@ and each row only gathers from them and binary-searches one cumulative table
 Otherwise every row gets its own tables, vectorised over rows, in chunks of rows that stay in
 cache (``_verify_per_row``): ``O(B k V)`` time, memory bounded whatever B is. Both paths do the
 same float operations, so each emits exactly what the other would for the same uniforms.
+
+Contiguous float32/float64 CPU rows with int64 ids take that per-row path *screened*
+(``_verify_screened``): instead of validating first (two passes over the ``[B, 2k+1, V]``
+input) and then verifying (a third), the protocol's value checks are made inside the chunks,
+on the float64 row sums the verifier uses anyway, one scan of the cached chunk for its
+smallest entry, and the drafted entries of q; any failed check hands the call to
+``validate_chain_inputs``, which raises the protocol's own error. Same float operations
+again, so the same outputs for the same uniforms (issue 13, item 4).
 """
 
 from __future__ import annotations

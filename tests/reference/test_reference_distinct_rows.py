@@ -1,7 +1,9 @@
 """The reference chain verifier on distinct rows (the per-row path, chunked over the batch).
 
 Rows that do not share memory take ``losslessness.reference.chain._verify_per_row``: chunks of
-rows, one law (the residual or p_k) per row, inverted by one vectorised search. Pinned here:
+rows, one law (the residual or p_k) per row, inverted by one vectorised search; contiguous
+float rows, as here, take it screened (``_verify_screened_rows``: the input validation fused
+into the chunks, pinned further in ``test_reference_screened_rows.py``). Pinned here:
 
 - **Exact agreement with the shared-table path**: on distinct rows, over many ragged chunks,
   float32 and float64, V up to 32,000, every row's output equals a shared-table call on that
