@@ -18,17 +18,49 @@ any validation (``chain._verify_per_row``, what ``verify`` ran after
 time of ``validate_chain_inputs`` alone (two passes over the input).
 
 Measured on the shared 2-core AMD EPYC development VM (32 MiB L3, ~25 GB/s from memory on one
-core), 2026-11-24, while other sessions loaded it (load average 3-4), in million steps/s:
-best / median of the benchmark's rounds; ``pytest benchmarks/test_bench_reference.py -k distinct
---benchmark-only``, each configuration run 3 times:
+core), 2026-11-24, while other sessions loaded it, in million steps/s (B / seconds per call);
+``pytest benchmarks/test_bench_reference.py -k distinct -p no:randomly -n 0 --benchmark-only``
+three times in a row, twice (two load levels):
 
-MEASUREMENTS
+=============================  =====================  =====================
+configuration                  load avg 3.4-6.5       load avg 6.7-8.9
+=============================  =====================  =====================
+verify, f64, 1 thread          2.04 / 1.98 (3 runs:   1.36 / 1.28 (3 runs:
+                               2.03/2.01, 2.03/1.98,  1.35/1.28, 1.36/1.29,
+                               2.04/1.68)             1.29/1.20)
+verify, f32, 1 thread          2.20 / 2.12 (2.14/     2.10 / 2.01 (2.10/2.07,
+                               2.12, 2.20/2.13,       2.04/2.01, 1.37/1.17)
+                               1.37/1.35)
+unvalidated, f64, 1 thread     2.25 / 1.52 (2.25/     2.28 / 1.56 (2.28/2.21,
+                               2.16, 2.09/1.46,       1.78/1.56, 1.42/1.31)
+                               1.54/1.52)
+unvalidated, f32, 1 thread     2.36 / 2.24 (2.31/     2.30 / 1.41 (2.30/2.25,
+                               2.24, 2.36/2.30,       1.41/1.37, 1.52/1.41)
+                               2.12/1.34)
+verify, f64, 2 threads         0.65 / 0.03           1.06 / 0.03
+verify, f32, 2 threads         2.77 / 0.18           1.26 / 0.15
+unvalidated, f64, 2 threads    3.11 / 0.84           1.42 / 0.32
+unvalidated, f32, 2 threads    2.93 / 0.41           1.52 / 0.32
+=============================  =====================  =====================
 
-Before the screened path (validate_chain_inputs, then _verify_per_row): 1.7 (float64) and 0.6
-(float32) on one thread. Issue 13's goal of 5 million on one thread is not reached; the floor
-of this design on one core is about 9-10 ms for the float64 row sums (one read of 230 MB),
-2-3 ms for the minimum scan, 2 ms for drawing the 5e5 uniforms and ~2 ms for the output, and
-the per-row draw (about 70 tensor operations per chunk of 3,640 rows) takes the rest.
+Each cell: the fastest round of the 3 runs / the median of the 3 runs' median rounds (each
+run's own fastest/median round in parentheses). Two threads on two cores that other sessions
+keep busy stall for seconds per call (a round of 3 to 6 s), so the 2-thread medians measure
+the contention, not the code; on the least loaded run they were 3.0 (unvalidated, f64) and
+2.7 (unvalidated, f32). Process CPU time, less sensitive to time sharing, gives on one thread
+(``time.process_time``, best of 9 calls, 3 runs): verify 1.94-2.08 (f64) and 1.98-2.15 (f32),
+unvalidated 2.26-2.29 (f64) and 2.20-2.25 (f32), and the code before this path (below)
+1.50-1.54 (f64) and 0.61-0.62 (f32). ``validation_s``, ``validate_chain_inputs`` alone:
+23-37 ms (f64) and 122-209 ms (f32, its float64 sums of float32 rows are slow).
+
+Before the screened path (``validate_chain_inputs``, then ``_verify_per_row``), measured at the
+session's start (load about 2) with a loop of 7 calls, fastest / median: 1.68 / 1.63 (float64)
+and 0.63 / 0.61 (float32) on one thread. Issue 13's goal of 5 million on one thread is not
+reached (about 2.0-2.2 on an unloaded core). On one core, of the ~48 ms per call: about
+9-10 ms read the 230 MB once (minimum scan, then row sums from cache), 2 ms draw the 5e5
+uniforms, ~2 ms lay out the output, and the per-row work takes the rest (about 70 tensor
+operations per chunk of 3,640 rows: the residual's four [c, V] divisions, the cumulative
+sums and the searches dominate; their float operations are pinned to the shared path's).
 Run by ``tox -e bench``; each result's ``extra_info`` holds ``steps_per_s`` (batch / median).
 """
 
