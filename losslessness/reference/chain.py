@@ -19,6 +19,14 @@ and each row only gathers from them and binary-searches one cumulative table
 Otherwise every row gets its own tables, vectorised over rows, in chunks of rows that stay in
 cache (``_verify_per_row``): ``O(B k V)`` time, memory bounded whatever B is. Both paths do the
 same float operations, so each emits exactly what the other would for the same uniforms.
+
+Contiguous float32/float64 CPU rows with int64 ids take that per-row path *screened*
+(``_verify_screened``): instead of validating first (two passes over the ``[B, 2k+1, V]``
+input) and then verifying (a third), the protocol's value checks are made inside the chunks,
+on the float64 row sums the verifier uses anyway, one scan of the cached chunk for its
+smallest entry, and the drafted entries of q; any failed check hands the call to
+``validate_chain_inputs``, which raises the protocol's own error. Same float operations
+again, so the same outputs for the same uniforms (issue 13, item 4).
 """
 
 from __future__ import annotations
@@ -27,7 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
-from losslessness.protocol import InvalidInputError, validate_chain_inputs
+from losslessness.protocol import ROW_SUM_TOLERANCE, InvalidInputError, validate_chain_inputs
 from losslessness.reference.laws import residual_distribution
 from losslessness.reference.output import accepted_lengths, emitted_tokens
 from losslessness.reference.sampling import (
@@ -102,6 +110,10 @@ def verify(
         InvalidInputError: see :func:`losslessness.protocol.validate_chain_inputs`; inputs on
             different devices; malformed ``uniforms`` (see :func:`verify_with_uniforms`).
     """
+    if isinstance(generator, torch.Generator) and _screenable(
+        target_probs, draft_probs, draft_token_ids
+    ):
+        return _verify_screened(target_probs, draft_probs, draft_token_ids, generator, uniforms)
     batch, k, _ = validate_chain_inputs(target_probs, draft_probs, draft_token_ids, generator)
     _require_same_device(target_probs, draft_probs, draft_token_ids)
     device = target_probs.device
@@ -150,6 +162,14 @@ def verify_with_uniforms(
             :func:`losslessness.protocol.validate_chain_inputs`), inputs on different devices,
             or uniforms of the wrong type or shape, NaN, or outside ``[0, 1)``.
     """
+    if _screenable(target_probs, draft_probs, draft_token_ids):
+        return _verify_screened(
+            target_probs,
+            draft_probs,
+            draft_token_ids,
+            None,
+            ChainUniforms(accept_uniforms, sample_uniforms),
+        )
     batch, k, _ = validate_chain_inputs(target_probs, draft_probs, draft_token_ids)
     _require_same_device(target_probs, draft_probs, draft_token_ids)
     accept, sample = _checked_uniforms(
@@ -176,6 +196,270 @@ def shares_rows(target_probs: torch.Tensor, draft_probs: torch.Tensor) -> bool:
     if target_probs.shape[0] <= 1 or target_probs.stride(0) != 0:
         return False
     return draft_probs.numel() == 0 or draft_probs.stride(0) == 0
+
+
+_SCREENED_DTYPES = (torch.float64, torch.float32)
+
+
+def _screenable(target_probs: object, draft_probs: object, draft_token_ids: object) -> bool:
+    """Whether a call may take the screened distinct-row path (:func:`_verify_screened`).
+
+    Only cheap structural facts are looked at here (types, ranks, shapes, dtypes, devices,
+    layout, and the ``[B, k]`` ids' range); the ``O(B k V)`` value checks of
+    :func:`losslessness.protocol.validate_chain_inputs` are left to the path itself, which
+    makes them on the way. Every call that fails this test takes the general path
+    (``validate_chain_inputs``, then the shared or per-row path), so a malformed argument is
+    always reported by the protocol's own validator.
+
+    Returns:
+        True for CPU ``target_probs [B, k+1, V]`` and ``draft_probs [B, k, V]``, contiguous,
+        float32 or float64, with B >= 1, k >= 1, V >= 1, and int64
+        ``draft_token_ids [B, k]`` in ``[0, V)`` on CPU.
+    """
+    if not (
+        isinstance(target_probs, torch.Tensor)
+        and isinstance(draft_probs, torch.Tensor)
+        and isinstance(draft_token_ids, torch.Tensor)
+    ):
+        return False
+    if target_probs.dim() != 3 or draft_probs.dim() != 3 or draft_token_ids.dim() != 2:
+        return False
+    batch, positions, vocab = target_probs.shape
+    k = positions - 1
+    if batch < 1 or k < 1 or vocab < 1:
+        return False
+    if tuple(draft_probs.shape) != (batch, k, vocab) or tuple(draft_token_ids.shape) != (batch, k):
+        return False
+    for probs in (target_probs, draft_probs):
+        if (
+            probs.dtype not in _SCREENED_DTYPES
+            or probs.device.type != "cpu"
+            or not probs.is_contiguous()
+        ):
+            return False
+    if draft_token_ids.dtype != torch.int64 or draft_token_ids.device.type != "cpu":
+        return False
+    low, high = torch.aminmax(draft_token_ids)
+    return int(low) >= 0 and int(high) < vocab
+
+
+class _ScreenFailed(Exception):
+    """A chunk of the screened path failed the value checks; the caller re-validates."""
+
+
+def _verify_screened(
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    generator: torch.Generator | None,
+    uniforms: object,
+) -> torch.Tensor:
+    """:func:`verify` (``generator`` given) or :func:`verify_with_uniforms` (``generator``
+    None, ``uniforms`` a :class:`ChainUniforms`) on inputs that pass :func:`_screenable`, with
+    the input validation fused into the per-row path's chunks.
+
+    The value checks of :func:`losslessness.protocol.validate_chain_inputs` (NaN/inf, negative
+    mass, rows summing to 1 within ``ROW_SUM_TOLERANCE``, no draft on a zero of q) are made
+    chunk by chunk while the chunk is in cache: the float64 row sums the verifier needs anyway
+    are the validator's own sums (NaN and inf propagate into them), the smallest entry is one
+    extra scan of the cached chunk, the drafted entries of q are the ones the acceptance
+    ratios gather. So the ``[B, 2k+1, V]`` input is read from memory once instead of three
+    times. Any doubt (a chunk failing a check, malformed uniforms) hands the call to
+    ``validate_chain_inputs``, which raises the protocol's error naming the argument (the
+    first in the protocol's order), with the generator restored to its state before the call.
+    Should it find nothing (the checks here are the validator's own, so this is a safety net,
+    not a path taken in practice), the general per-row path verifies with the same uniforms.
+
+    Returns:
+        ``[B, k+1]`` int64, as :func:`verify`.
+
+    Raises:
+        InvalidInputError: as :func:`verify` and :func:`verify_with_uniforms`.
+    """
+    batch, k = draft_token_ids.shape
+    device = target_probs.device
+    state = None
+    # The reference is not differentiable; detached views let numpy read the chunks.
+    target_probs, draft_probs = target_probs.detach(), draft_probs.detach()
+    try:
+        if generator is None or uniforms is not None:
+            if not isinstance(uniforms, ChainUniforms):
+                raise InvalidInputError(
+                    "uniforms",
+                    f"expected a ChainUniforms or None, got {type(uniforms).__name__}",
+                )
+            accept, sample = _checked_uniforms(uniforms, batch, k, device)
+        else:
+            state = generator.get_state()
+            drawn = ChainUniforms.draw(batch, k, generator)
+            dtype = compute_dtype(device)
+            accept = drawn.accept_uniforms.to(device=device, dtype=dtype)
+            sample = drawn.sample_uniforms.to(device=device, dtype=dtype)
+    except InvalidInputError:
+        # The protocol reports malformed probabilities before malformed uniforms.
+        validate_chain_inputs(target_probs, draft_probs, draft_token_ids)
+        raise
+    try:
+        return _verify_screened_rows(target_probs, draft_probs, draft_token_ids, accept, sample)
+    except _ScreenFailed:
+        try:
+            validate_chain_inputs(target_probs, draft_probs, draft_token_ids)
+        except InvalidInputError:
+            if generator is not None and state is not None:
+                generator.set_state(state)
+            raise
+    return _verify_per_row(target_probs, draft_probs, draft_token_ids, accept, sample)
+
+
+def _smallest_entry(probs: torch.Tensor) -> float:
+    """The smallest entry of a contiguous CPU float tensor (NaN if it holds one), by numpy's
+    SIMD minimum: about twice as fast as ``torch.min`` on a cached chunk on one thread."""
+    return float(probs.numpy().min())
+
+
+def _verify_screened_rows(
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    accept_uniforms: torch.Tensor,
+    sample_uniforms: torch.Tensor,
+) -> torch.Tensor:
+    """The per-row path on inputs that passed :func:`_screenable`, checking their values on
+    the way (raises ``_ScreenFailed`` when a check fails; the tokens drawn are then dropped).
+
+    In chunks of :func:`_rows_per_chunk` rows (:func:`_screen_rows`), each chunk is read from
+    memory once, by the scan for its smallest entry; while it is in cache it is summed by
+    rows (float64), gathered at the drafts (the acceptance decisions follow) and at each step's two
+    stopping rows, from which the step's one token is drawn (:func:`_final_tokens`, handed
+    the stopping rows' sums). That is the only full pass over the ``[B, 2k+1, V]`` input; the
+    validator's value checks are made on the numbers so collected (:class:`_Screen`). The
+    float operations are those of :func:`_verify_per_row` and :func:`_verify_shared`, so the
+    outputs equal theirs for the same uniforms (pinned by
+    ``tests/reference/test_reference_screened_rows.py``). Memory: the output, ``O(B)``
+    numbers and a few ``[c, V]`` temporaries per chunk (chunk-sized allocations, which the
+    allocator recycles: a fresh ``[B, V]`` buffer would cost a page fault per 4 KiB).
+
+    Args:
+        target_probs: ``[B, k+1, V]`` contiguous CPU float32/float64, k >= 1.
+        draft_probs: ``[B, k, V]`` contiguous CPU float32/float64.
+        draft_token_ids: ``[B, k]`` int64 in ``[0, V)``.
+        accept_uniforms: ``[B, k]`` float64 in ``[0, 1)``.
+        sample_uniforms: ``[B]`` float64 in ``[0, 1)``.
+
+    Returns:
+        ``[B, k+1]`` int64, as :func:`verify`.
+    """
+    batch, k = draft_token_ids.shape
+    vocab = target_probs.shape[-1]
+    device = target_probs.device
+    dtype = compute_dtype(device)
+    screen = _Screen(
+        smallest=[],
+        worst_sum_error=torch.zeros((), dtype=dtype, device=device),
+        smallest_drafted=torch.full((), float("inf"), dtype=dtype, device=device),
+    )
+    n_accepted = torch.empty(batch, dtype=torch.int64, device=device)
+    final = torch.empty(batch, dtype=torch.int64, device=device)
+    step = _rows_per_chunk(k, vocab, device)
+    index = _ChunkIndex.build(min(step, batch), k, vocab, device)
+    for start in range(0, batch, step):
+        rows = slice(start, min(batch, start + step))
+        _screen_rows(
+            target_probs[rows],
+            draft_probs[rows],
+            draft_token_ids[rows],
+            accept_uniforms[rows],
+            sample_uniforms[rows],
+            index,
+            screen,
+            n_accepted[rows],
+            final[rows],
+        )
+    if not screen.passed():
+        raise _ScreenFailed
+    return emitted_tokens(draft_token_ids, n_accepted, final)
+
+
+@dataclass
+class _Screen:
+    """The value checks of ``validate_chain_inputs``, accumulated over the chunks of
+    :func:`_verify_screened_rows`.
+
+    Attributes:
+        smallest: the smallest entry of every chunk of both inputs.
+        worst_sum_error: ``[]`` float64, the largest ``|row sum - 1|`` so far (NaN once a sum
+            is NaN: ``torch.maximum`` propagates it).
+        smallest_drafted: ``[]`` float64, the smallest ``q_i(d_i)`` so far.
+    """
+
+    smallest: list[float]
+    worst_sum_error: torch.Tensor
+    smallest_drafted: torch.Tensor
+
+    def passed(self) -> bool:
+        """True iff every row sum (float64, the validator's own) lies within
+        ``ROW_SUM_TOLERANCE`` of 1 (false for a NaN or infinite sum, hence for any NaN or inf
+        entry: they propagate into the sums), no entry is below 0 (``-0.0`` is not, as for
+        the validator), and no draft sits on a zero of q."""
+        if not float(self.worst_sum_error) <= ROW_SUM_TOLERANCE:
+            return False
+        if not min(self.smallest) >= 0:
+            return False
+        return float(self.smallest_drafted) > 0
+
+
+def _screen_rows(
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor,
+    ids: torch.Tensor,
+    accept_uniforms: torch.Tensor,
+    sample_uniforms: torch.Tensor,
+    index: _ChunkIndex,
+    screen: _Screen,
+    n_accepted: torch.Tensor,
+    final: torch.Tensor,
+) -> None:
+    """One chunk of :func:`_verify_screened_rows`: fills ``n_accepted`` and ``final`` ``[c]``.
+
+    Reads the contiguous chunk ``[c, k+1, V]`` / ``[c, k, V]`` from memory once (for its
+    smallest entries), then from cache: its float64 row sums (bit for bit those of
+    :func:`_row_sums` and of the validator), their errors and the drafted q entries into
+    ``screen``, the acceptance decisions and the final token (the operations of
+    :func:`_verify_rows`)."""
+    rows, k = ids.shape
+    vocab = target_probs.shape[-1]
+    dtype = screen.worst_sum_error.dtype
+    # numpy's minimum reads the chunk from memory (slightly faster there than the row sums,
+    # measured), then the row sums read it from cache.
+    screen.smallest.append(_smallest_entry(target_probs))
+    screen.smallest.append(_smallest_entry(draft_probs))
+    p_sums = target_probs.to(dtype).sum(dim=-1)
+    q_sums = draft_probs.to(dtype).sum(dim=-1)
+    error = torch.maximum(p_sums.sub(1.0).abs_().amax(), q_sums.sub(1.0).abs_().amax())
+    torch.maximum(screen.worst_sum_error, error, out=screen.worst_sum_error)
+    # (p_d / p_sum) / (q_d / q_sum), in place on the freshly gathered entries.
+    ratio = _entries_at(target_probs, ids, index.target_entries, dtype).div_(p_sums[:, :k])
+    drafted = _entries_at(draft_probs, ids, index.draft_entries, dtype)
+    torch.minimum(screen.smallest_drafted, drafted.amin(), out=screen.smallest_drafted)
+    ratio.div_(drafted.div_(q_sums))
+    n_accepted.copy_(accepted_lengths(accept_uniforms < ratio))
+    # Step b stops at row target_row[b] of the chunk's [c (k+1), V] rows (and of its
+    # flattened sums), and at row draft_row[b] of its [c k, V] rows.
+    target_row = index.target_rows[:rows].add(n_accepted)
+    draft_row = index.draft_rows[:rows].add(n_accepted.clamp(max=k - 1))
+    sums = (
+        p_sums.view(-1).index_select(0, target_row).unsqueeze(1),
+        q_sums.view(-1).index_select(0, draft_row).unsqueeze(1),
+    )
+    final.copy_(
+        _final_tokens(
+            target_probs.view(-1, vocab).index_select(0, target_row),
+            draft_probs.view(-1, vocab).index_select(0, draft_row),
+            n_accepted == k,
+            sample_uniforms,
+            sums,
+        )
+    )
 
 
 def _require_same_device(
@@ -239,6 +523,8 @@ def _verify_validated(
     accept_uniforms: torch.Tensor,
     sample_uniforms: torch.Tensor,
 ) -> torch.Tensor:
+    # The reference is not differentiable (and its in-place steps refuse tensors with grad).
+    target_probs, draft_probs = target_probs.detach(), draft_probs.detach()
     if shares_rows(target_probs, draft_probs):
         return _verify_shared(
             target_probs, draft_probs, draft_token_ids, accept_uniforms, sample_uniforms
@@ -416,6 +702,7 @@ def _final_tokens(
     draft_rows: torch.Tensor,
     bonus: torch.Tensor,
     sample_uniforms: torch.Tensor,
+    row_sums: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """The token emitted after the accepted drafts, one law per row, by inverse CDF.
 
@@ -432,6 +719,9 @@ def _final_tokens(
             tensor, overwritten.
         bonus: ``[N]`` bool, all k drafts accepted: the law is p_k itself.
         sample_uniforms: ``[N]`` float in ``[0, 1)`` in the compute dtype.
+        row_sums: optional ``([N, 1], [N, 1])`` float64, the sums of ``target_rows`` and
+            ``draft_rows`` in the compute dtype, already computed by the caller (bit for bit
+            what this function would compute; used only where the compute dtype is float64).
 
     Returns:
         ``[N]`` int64 token ids. Never a token of zero mass in its law, so never a token with
@@ -445,11 +735,11 @@ def _final_tokens(
         # residual_distribution computes in float64: keep the exact composition off CPU/CUDA.
         return sample_inverse_cdf(_final_laws(target_rows, draft_rows, bonus), sample_uniforms)
     p = target_rows.to(dtype)
-    p.div_(p.sum(dim=-1, keepdim=True))
+    p.div_(p.sum(dim=-1, keepdim=True) if row_sums is None else row_sums[0])
     if bool(bonus.all()):
         return sample_inverse_cdf(p, sample_uniforms)
     q = draft_rows.to(dtype)
-    q.div_(q.sum(dim=-1, keepdim=True))
+    q.div_(q.sum(dim=-1, keepdim=True) if row_sums is None else row_sums[1])
     # The operations of laws.residual_distribution, in place on q.
     law = torch.sub(p, q, out=q).clamp_(min=0.0)
     peak = law.amax(dim=-1, keepdim=True)

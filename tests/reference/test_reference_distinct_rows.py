@@ -1,7 +1,9 @@
 """The reference chain verifier on distinct rows (the per-row path, chunked over the batch).
 
 Rows that do not share memory take ``losslessness.reference.chain._verify_per_row``: chunks of
-rows, one law (the residual or p_k) per row, inverted by one vectorised search. Pinned here:
+rows, one law (the residual or p_k) per row, inverted by one vectorised search; contiguous
+float rows, as here, take it screened (``_verify_screened_rows``: the input validation fused
+into the chunks, pinned further in ``test_reference_screened_rows.py``). Pinned here:
 
 - **Exact agreement with the shared-table path**: on distinct rows, over many ragged chunks,
   float32 and float64, V up to 32,000, every row's output equals a shared-table call on that
@@ -182,6 +184,7 @@ def test_the_distinct_row_law_test_fails_a_path_that_resamples_rejections_from_p
         draft_rows: torch.Tensor,
         bonus: torch.Tensor,
         sample_uniforms: torch.Tensor,
+        row_sums: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         return sample_inverse_cdf(target_rows.double(), sample_uniforms)
 
@@ -357,9 +360,7 @@ def test_per_row_chunks_bound_the_memory_whatever_the_batch(
     assert (rows + 1) * per_row > budget
 
 
-def _spy(calls: list[int]) -> Callable[..., None]:
-    original = chain._verify_rows
-
+def _spy(calls: list[int], original: Callable[..., None]) -> Callable[..., None]:
     def spy(*args: torch.Tensor) -> None:
         calls.append(int(args[0].shape[0]))
         original(*args)
@@ -370,13 +371,15 @@ def _spy(calls: list[int]) -> Callable[..., None]:
 def test_per_row_path_covers_the_batch_in_chunks_of_the_stated_size(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The chunking really happens: a spy on the chunk function sees ``ceil(B / rows)`` calls
-    of ``rows`` rows (the last one ragged) covering the batch once."""
-    calls: list[int] = []
-    monkeypatch.setattr(chain, "_verify_rows", _spy(calls))
+    """The chunking really happens, on the general per-row path (int32 ids keep the call off
+    the screened path) and on the screened one: a spy on each chunk function sees
+    ``ceil(B / rows)`` calls of ``rows`` rows (the last one ragged) covering the batch once."""
     monkeypatch.setattr(chain, "PER_ROW_CHUNK_ELEMENTS", 7 * 16 * 10)
     p, q = _row_types(torch.float64)
     target, draft = _interleaved(p, q, 13)
     ids = _drafts(draft, torch.Generator().manual_seed(SEED))
-    verify(target, draft, ids, torch.Generator().manual_seed(SEED))
-    assert calls == [10] * 10 + [4]
+    for chunk_function, draft_ids in (("_verify_rows", ids.to(torch.int32)), ("_screen_rows", ids)):
+        calls: list[int] = []
+        monkeypatch.setattr(chain, chunk_function, _spy(calls, getattr(chain, chunk_function)))
+        verify(target, draft, draft_ids, torch.Generator().manual_seed(SEED))
+        assert calls == [10] * 10 + [4], chunk_function
