@@ -36,6 +36,7 @@ from losslessness.engine.draw import (
     sample_tree,
 )
 from losslessness.engine.plan import (
+    MIN_STEPS,
     RunPlan,
     UnavailableTarget,
     _chain_case_plan,
@@ -59,7 +60,10 @@ TV_GROWTH = 1.15
 """Ratio between consecutive design TVs the fit tries."""
 
 MAX_TV = 0.5
-"""Coarsest design TV the fit raises to; cases are dropped only when even this does not fit."""
+"""Coarsest design TV the fit raises to; then it caps every case's steps."""
+
+MIN_CAP = 200
+"""Fewest steps per case the fit caps to before it drops cases."""
 
 
 @dataclass(frozen=True)
@@ -195,7 +199,11 @@ class BudgetFit:
 
 
 def estimate_seconds(
-    plan: RunPlan, measured: Throughput, tv: float, cases: set[str] | None = None
+    plan: RunPlan,
+    measured: Throughput,
+    tv: float,
+    cases: set[str] | None = None,
+    max_steps: int | None = None,
 ) -> dict[str, dict[str, float]]:
     """Estimated sampling seconds of every (target, case) of ``plan`` at design TV ``tv``.
 
@@ -205,11 +213,14 @@ def estimate_seconds(
         tv: the design TV to price (the per-assertion levels are the plan's: they do not
             depend on the TV).
         cases: case ids to keep (None: all).
+        max_steps: cap on every case's steps (None: the plan's).
 
     Returns:
         Seconds by target name, then case id (end-to-end targets by their name).
     """
-    config = dataclasses.replace(plan.config, tv=tv)
+    config = dataclasses.replace(
+        plan.config, tv=tv, max_steps=max_steps or plan.config.max_steps
+    )
     chain_alpha = plan.record.alpha_split.fixed
     seconds: dict[str, dict[str, float]] = {}
     for adapter in plan.adapters:
@@ -247,21 +258,31 @@ def _total(seconds: dict[str, dict[str, float]]) -> float:
     return sum(sum(by_case.values()) for by_case in seconds.values())
 
 
-def _smallest_tv(
-    plan: RunPlan, measured: Throughput, candidates: list[float], room: float, kept: set[str]
-) -> float | None:
-    """The smallest candidate TV whose estimate on the ``kept`` cases fits ``room`` seconds
-    (None when even the largest does not); the time only falls as the TV grows, so bisect."""
-    if _total(estimate_seconds(plan, measured, candidates[-1], kept)) > room:
+Design = tuple[float, int | None]
+"""A design the fit tries: (design TV, cap on every case's steps or None for the plan's)."""
+
+
+def _first_fitting(
+    plan: RunPlan, measured: Throughput, designs: list[Design], room: float, kept: set[str]
+) -> Design | None:
+    """The first of ``designs`` (ordered from the finest) whose estimate on the ``kept`` cases
+    fits ``room`` seconds (None when even the last does not); the time only falls along the
+    list, so bisect."""
+
+    def fits(design: Design) -> bool:
+        tv, cap = design
+        return _total(estimate_seconds(plan, measured, tv, kept, cap)) <= room
+
+    if not fits(designs[-1]):
         return None
-    low, high = 0, len(candidates) - 1
+    low, high = 0, len(designs) - 1
     while low < high:
         middle = (low + high) // 2
-        if _total(estimate_seconds(plan, measured, candidates[middle], kept)) <= room:
+        if fits(designs[middle]):
             high = middle
         else:
             low = middle + 1
-    return candidates[high]
+    return designs[high]
 
 
 def fit_time_budget(
@@ -269,12 +290,13 @@ def fit_time_budget(
     targets: Sequence[Adapter | UnavailableTarget],
     device_note: str | None = None,
 ) -> BudgetFit:
-    """Warm up, then choose the smallest design TV (from ``config.tv`` up by factors of
-    :data:`TV_GROWTH`, at most :data:`MAX_TV`) whose estimated sampling time fits
-    :data:`FIT_FRACTION` of ``config.time_budget_s``. Breadth comes first: cases are dropped
-    (those that cost most at :data:`MAX_TV` first, named in the claim, at least one kept) only
-    while the others cannot fit even at :data:`MAX_TV`; sampling stops at the deadline
-    whatever the estimate.
+    """Warm up, then choose the finest design whose estimated sampling time fits
+    :data:`FIT_FRACTION` of ``config.time_budget_s``: the design TV from ``config.tv`` up by
+    factors of :data:`TV_GROWTH` to :data:`MAX_TV`, then at :data:`MAX_TV` every case's steps
+    capped from :data:`~losslessness.engine.plan.MIN_STEPS` down to :data:`MIN_CAP`. Breadth
+    comes first: cases are dropped (those that cost most at the coarsest design first, named
+    in the claim, at least one kept) only while the others cannot fit even then; sampling
+    stops at the deadline whatever the estimate.
 
     Args:
         config: the requested design, with ``time_budget_s`` set.
@@ -293,36 +315,50 @@ def fit_time_budget(
     plan = plan_run(config, targets, device_note)
     measured = measure_throughput(plan)
     room = FIT_FRACTION * budget
-    candidates = [config.tv]
-    while candidates[-1] < MAX_TV:
-        candidates.append(min(MAX_TV, candidates[-1] * TV_GROWTH))
-    floor = estimate_seconds(plan, measured, MAX_TV)
+    designs: list[Design] = [(config.tv, None)]
+    while designs[-1][0] < MAX_TV:
+        designs.append((min(MAX_TV, designs[-1][0] * TV_GROWTH), None))
+    cap = float(min(config.max_steps, MIN_STEPS))
+    while cap > MIN_CAP:
+        cap = max(MIN_CAP, cap / TV_GROWTH)
+        designs.append((MAX_TV, int(cap)))
+    coarsest_tv, coarsest_cap = designs[-1]
+    floor = estimate_seconds(plan, measured, coarsest_tv, None, coarsest_cap)
     by_case: dict[str, float] = {}
     for per_target in floor.values():
         for case_id, value in per_target.items():
             by_case[case_id] = by_case.get(case_id, 0.0) + value
     kept = set(by_case)
     dropped: list[str] = []
-    # Breadth first: a case is dropped only while the kept ones cannot fit even at MAX_TV,
-    # the one that costs most there first.
+    # Breadth first: the TV is raised, then every case's steps capped, and a case is dropped
+    # only while the kept ones cannot fit even then, the one that costs most there first.
     for case_id in sorted(by_case, key=lambda c: -by_case[c]):
         if len(kept) == 1 or sum(by_case[c] for c in kept) <= room:
             break
         kept.discard(case_id)
         dropped.append(case_id)
-    tv = _smallest_tv(plan, measured, candidates, room, kept)
-    tv = float(f"{tv:.3g}") if tv is not None else MAX_TV
-    seconds = estimate_seconds(plan, measured, tv, kept)
+    design = _first_fitting(plan, measured, designs, room, kept) or designs[-1]
+    tv, steps_cap = float(f"{design[0]:.3g}"), design[1]
+    seconds = estimate_seconds(plan, measured, tv, kept, steps_cap)
     fitted = dataclasses.replace(
-        config, tv=tv, cases=tuple(sorted(_kept_cases(plan, dropped))) if dropped else config.cases
+        config,
+        tv=tv,
+        max_steps=steps_cap or config.max_steps,
+        cases=tuple(sorted(_kept_cases(plan, dropped))) if dropped else config.cases,
     )
     estimate = {name: sum(by_case.values()) for name, by_case in seconds.items()}
     names = ", ".join(adapter.name for adapter in plan.adapters)
     n_cases = len({case_id for by_case in seconds.values() for case_id in by_case})
     claim = (
         f"in {budget:g} s, {names} allow{'s' if len(plan.adapters) == 1 else ''} "
-        f"TV >= {tv:.3g} at power {config.power:g} on {n_cases} cases (estimated sampling "
-        f"{_total(seconds):.0f} s after a {measured.warm_up_s:.1f} s warm-up)"
+        f"TV >= {tv:.3g} at power {config.power:g} on {n_cases} cases"
+        + (
+            f", at most {steps_cap} steps per case (each result says the TV its steps reach)"
+            if steps_cap
+            else ""
+        )
+        + f" (estimated sampling {_total(seconds):.0f} s after a {measured.warm_up_s:.1f} s "
+        "warm-up)"
     )
     if tv > config.tv:
         claim += f"; the requested TV {config.tv:g} would need about " + (
@@ -350,6 +386,7 @@ __all__ = [
     "DEADLINE_FRACTION",
     "FIT_FRACTION",
     "MAX_TV",
+    "MIN_CAP",
     "TV_GROWTH",
     "WARM_UP_STEPS",
     "BudgetFit",
