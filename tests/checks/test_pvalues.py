@@ -51,14 +51,18 @@ def _check(
 
 
 def test_selection_keeps_law_and_sequence_law_and_drops_shared_sample_checks() -> None:
-    """Kept: statistical law and sequence-law checks with df > 0 (LOSSY ones too). Dropped:
+    """Kept: statistical law and sequence-law checks with df >= 2 (LOSSY ones too). Dropped:
     acceptance, independence and tree.law (they share the law tests' samples), exact checks,
-    SKIPPED and ERROR results, df 0 and missing p-values; counts by check id."""
+    SKIPPED and ERROR results, df 0 and df 1 (two-cell chi-square p-values, biased) and missing
+    p-values; counts by check id."""
     checks = [
         _check(LAW_CHECK_ID, 0.3),
         _check(LAW_CHECK_ID, 1e-9, verdict=Verdict.LOSSY),
         _check(SEQUENCE_LAW_CHECK_ID, 0.7),
         _check(LAW_CHECK_ID, 1.0, df=0),
+        _check(LAW_CHECK_ID, 0.4, df=1),
+        _check(SEQUENCE_LAW_CHECK_ID, 0.4, df=1),
+        _check(LAW_CHECK_ID, 0.6, df=2),
         _check(LAW_CHECK_ID, None, df=None, kind=CheckKind.EXACT, verdict=Verdict.SKIPPED),
         _check(LAW_CHECK_ID, 0.5, verdict=Verdict.ERROR),
         _check("edge.one-hot", 1.0, df=None, kind=CheckKind.EXACT),
@@ -68,14 +72,14 @@ def test_selection_keeps_law_and_sequence_law_and_drops_shared_sample_checks() -
         _check(SEQUENCE_LAW_CHECK_ID, 0.0, df=None, verdict=Verdict.LOSSY),
     ]
     pvalues, used, dropped = independent_pvalues(checks)
-    assert pvalues == [0.3, 1e-9, 0.7]
-    assert used == {LAW_CHECK_ID: 2, SEQUENCE_LAW_CHECK_ID: 1}
+    assert pvalues == [0.3, 1e-9, 0.7, 0.6]
+    assert used == {LAW_CHECK_ID: 3, SEQUENCE_LAW_CHECK_ID: 1}
     assert dropped == {
         ACCEPTANCE_CHECK_ID: 1,
         "edge.one-hot": 1,
         INDEPENDENCE_CHECK_ID: 1,
-        LAW_CHECK_ID: 3,
-        SEQUENCE_LAW_CHECK_ID: 1,
+        LAW_CHECK_ID: 4,
+        SEQUENCE_LAW_CHECK_ID: 2,
         TREE_LAW_CHECK_ID: 1,
     }
 
