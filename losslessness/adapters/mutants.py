@@ -590,6 +590,87 @@ def draft_sampled_in_bfloat16(
     return _finish(p, q, ids, accepted, _uniforms(generator, batch))
 
 
+FLOAT16_MAX_LOGIT = 20.0
+"""Largest raw logit in :func:`laws_from_float16_logits` (float16 spacing is 2^-6 in [16, 32))."""
+
+FLOAT16_OFFSET_MAX_LOGIT = 80.0
+"""Largest raw logit in :func:`laws_from_offset_float16_logits`: logits carrying a large common
+offset (softmax ignores it; float16 spacing is 2^-4 in [64, 128))."""
+
+
+def _float16_law(probs: torch.Tensor, max_logit: float = FLOAT16_MAX_LOGIT) -> torch.Tensor:
+    """The law a kernel sees when it stores the logits ``log probs + c`` (the largest
+    ``max_logit``) in float16: rounded logits, softmax in float64 (zeros stay 0).
+
+    Args:
+        probs: ``[..., V]`` float64 rows. max_logit: the largest logit of each row.
+
+    Returns:
+        ``[..., V]`` float64 rows summing to 1.
+    """
+    log_probs = probs.log()
+    logits = log_probs - log_probs.amax(dim=-1, keepdim=True) + max_logit
+    return torch.softmax(logits.to(torch.float16).to(torch.float64), dim=-1)
+
+
+def _verify_float16_laws(
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    generator: torch.Generator,
+    max_logit: float,
+) -> torch.Tensor:
+    """The chain step of the float16 precision mutants (see :func:`laws_from_float16_logits`)."""
+    p, q, ids = _prepare(target_probs, draft_probs, draft_token_ids, generator)
+    batch, k = ids.shape
+    p_rounded = _float16_law(p, max_logit)
+    q_rounded = _float16_law(q, max_logit)
+    ratio = _gather(p_rounded, ids).to(torch.float16) / _gather(q_rounded, ids).to(torch.float16)
+    accepted = _uniforms(generator, batch, k) < ratio.to(torch.float64)
+    return _finish(p_rounded, q_rounded, ids, accepted, _uniforms(generator, batch))
+
+
+def laws_from_float16_logits(
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    generator: torch.Generator,
+) -> torch.Tensor:
+    """LOSSY (below the per-assertion reach): the ratio p(d) / q(d) is computed in float16
+    from laws rebuilt from float16 logits, and the residual and bonus use those laws.
+
+    Not from a bug report: the precision example of issue 13 (item 5), a deviation of a few
+    thousandths of TV per position that each law test misses at its per-assertion level and
+    the run-level uniformity test of the p-values (:mod:`losslessness.checks.pvalues`) is meant
+    to catch. The mutant recovers logits ``log p + c`` and ``log q + c'`` (largest
+    :data:`FLOAT16_MAX_LOGIT`, float16 spacing 2^-6 there, so each probability is off by up to
+    about 0.8%), rounds them to float16, takes the softmax, divides the rounded p~(d) by q~(d)
+    in float16, accepts on ``u < ratio`` (u float64) and draws the correction from
+    norm(max(0, p~ - q~)) and the bonus from p~: the emitted law is about p~, not p (TV 0.001
+    to 0.0026 at the first position of the battery's cases).
+    """
+    return _verify_float16_laws(
+        target_probs, draft_probs, draft_token_ids, generator, FLOAT16_MAX_LOGIT
+    )
+
+
+def laws_from_offset_float16_logits(
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    generator: torch.Generator,
+) -> torch.Tensor:
+    """LOSSY (below the per-assertion reach): :func:`laws_from_float16_logits` with logits that
+    carry a large common offset (largest :data:`FLOAT16_OFFSET_MAX_LOGIT`, float16 spacing 2^-4,
+    each probability off by up to about 3%): TV 0.004 to 0.013 at the first position of the
+    battery's cases, around the 0.006 issue 13 (item 5) names for a ratio computed in float16.
+    Synthetic, like its sibling.
+    """
+    return _verify_float16_laws(
+        target_probs, draft_probs, draft_token_ids, generator, FLOAT16_OFFSET_MAX_LOGIT
+    )
+
+
 def match_count_accepts_all(
     target_probs: torch.Tensor,
     draft_probs: torch.Tensor,
@@ -1145,6 +1226,33 @@ MUTANTS: Mapping[str, Mutant] = _build_zoo()
 """Every mutant by name: the lossy ones first, then the lossless controls."""
 
 
+PRECISION_MUTANTS: Mapping[str, Mutant] = {
+    entry.name: entry
+    for entry in (
+        _entry(
+            "laws-from-float16-logits",
+            laws_from_float16_logits,
+            lossy=True,
+            mechanism="ratio p/q in float16 from float16 logits (max 20): TV 0.001-0.003 per row",
+            source="issue 13 item 5 (synthetic precision mutant, not a reported bug)",
+            case=_dense_case("precision-dense-v32-k3", 32, 3, 25),
+        ),
+        _entry(
+            "laws-from-offset-float16-logits",
+            laws_from_offset_float16_logits,
+            lossy=True,
+            mechanism="ratio p/q in float16 from float16 logits (max 80): TV 0.004-0.013 per row",
+            source="issue 13 item 5 (synthetic precision mutant, not a reported bug)",
+            case=_dense_case("precision-dense-v32-k3", 32, 3, 25),
+        ),
+    )
+}
+"""Lossy mutants whose deviation lies below every single law test's reach at the default
+design (issue 13, item 5): kept out of :data:`MUTANTS`, whose lossy entries the default audit
+must each catch, until the run-level uniformity check (:mod:`losslessness.checks.pvalues`) is
+part of the run. ``mutant/<name>`` resolves them too."""
+
+
 def mutant(name: str) -> Mutant:
     """The mutant called ``name`` (with or without the ``mutant/`` prefix).
 
@@ -1152,6 +1260,8 @@ def mutant(name: str) -> Mutant:
         AdapterNotFound: no mutant has that name; the message lists the known ones.
     """
     key = name.removeprefix(MUTANT_PREFIX)
+    if key in PRECISION_MUTANTS:
+        return PRECISION_MUTANTS[key]
     if key not in MUTANTS:
         raise AdapterNotFound(f"{name!r}: no such mutant; known mutants: {', '.join(MUTANTS)}")
     return MUTANTS[key]

@@ -8,6 +8,9 @@ GREEDY_CHECK_ID = "greedy"
 SEQUENCE_LAW_CHECK_ID = "sequence-law"
 SEQUENCE_GREEDY_CHECK_ID = "sequence-greedy"
 DRAFTS_ACCEPTED_CHECK_ID = "drafts-accepted"
+PVALUES_CHECK_ID = "pvalues"
+"""The run-level uniformity test of one target's independent p-values
+(:mod:`losslessness.checks.pvalues`)."""
 
 STATISTICAL_CHAIN_CHECK_IDS = (LAW_CHECK_ID, ACCEPTANCE_CHECK_ID, INDEPENDENCE_CHECK_ID)
 """Chain checks that spend a share of the run's false-alarm budget."""
@@ -56,6 +59,7 @@ ALL_CHECK_IDS = (
     *SEQUENCE_CHECK_IDS,
     *TREE_CHECK_IDS,
     *GREEDY_TREE_CHECK_IDS,
+    PVALUES_CHECK_ID,
 )
 """Every check id of a run's targets (``--only`` also takes ``edge`` for every ``edge.*`` and
 ``tree`` for every ``tree.*``)."""
