@@ -100,6 +100,9 @@ class TreeMonitor:
             bound = float(assertions.laws.root_bound) + RATE_TOLERANCE
             self.bound = bound if bound < 1.0 - RATE_TOLERANCE else None
         self.accepted = 0
+        # Zero-mass lookups of every class, so that the exact part is vectorised.
+        self.root_zero = (case.root_target == 0).numpy()
+        self.table_zero = (case.target_table == 0).numpy()
         self.pairs = (
             pair_state(class_p(case, 0, ROOT), planned_steps)
             if assertions.independence and case.batch_size >= 2
@@ -127,12 +130,19 @@ class TreeMonitor:
         if outside.any():
             self._stop(f"token id outside the vocabulary within {self.steps} trees", exact=True)
             return True
-        for d, x, e in zip(depth.tolist(), token.tolist(), emitted.tolist(), strict=True):
-            if class_p(case, d, x)[e] == 0:
-                where = "root" if d == 0 else f"depth {d} token {x}"
-                self._stop(f"token {e} with p = 0 emitted after the {where} within "
-                           f"{self.steps} trees", exact=True)
-                return True
+        at_root = depth == 0
+        impossible = np.where(
+            at_root,
+            self.root_zero[emitted],
+            self.table_zero[np.maximum(depth - 1, 0), np.maximum(token, 0), emitted],
+        )
+        if impossible.any():
+            first = int(np.flatnonzero(impossible)[0])
+            d, x, e = int(depth[first]), int(token[first]), int(emitted[first])
+            where = "root" if d == 0 else f"depth {d} token {x}"
+            self._stop(f"token {e} with p = 0 emitted after the {where} within "
+                       f"{self.steps} trees", exact=True)
+            return True
         crossed: list[AssertionKey] = []
         for (d, x), (p, partitions, counts) in self.classes.items():
             chosen = emitted[(depth == d) & (token == x)]
@@ -145,8 +155,7 @@ class TreeMonitor:
             self.log_evalues[key] = binomial_upper_log_evalue(self.accepted, self.steps,
                                                               self.bound)
         if self.pairs is not None:
-            first = samples.tokens[:, 0]
-            update_pairs(self.pairs, first, samples.pairs)
+            update_pairs(self.pairs, samples.tokens[:, 0], samples.pairs)
             key = (TREE_INDEPENDENCE_CHECK_ID, 0, 0, 0)
             self.log_evalues[key] = partition_mixture_log_evalue(
                 self.pairs.counts, self.pairs.probs, self.pairs.partitions

@@ -22,7 +22,10 @@ target); chunk 0 is sampled from the case seed itself and chunk j >= 1 from
 The family-wise false-alarm rate is one Bonferroni budget: the device checks get the share of
 one more target (``alpha / (targets + 1)``) when the run has them; the rest is split evenly
 over every statistical assertion of the battery (chain cases, tree cases and sequence-law
-tests of every target). The property suite spends its own documented rate per target.
+tests of every target, and one run-level uniformity test of each target's law p-values).
+Chain and tree assertions split their share again: ``sequential_share`` to the e-process that
+may stop a lossy target early, the rest to the fixed-n test. The property suite spends its
+own documented rate per target.
 """
 
 from __future__ import annotations
@@ -50,6 +53,8 @@ from losslessness.checks.ids import (
     CHAIN_CHECK_IDS,
     DRAFTS_ACCEPTED_CHECK_ID,
     GREEDY_CHECK_ID,
+    LAW_CHECK_ID,
+    PVALUES_CHECK_ID,
     SEQUENCE_GREEDY_CHECK_ID,
     SEQUENCE_LAW_CHECK_ID,
     STATISTICAL_TREE_CHECK_IDS,
@@ -273,6 +278,8 @@ class PlanRecord:
         units: the grid.
         sequential_share: share of each chain assertion's level spent on its sequential test
             (0 without early stopping).
+        pvalues_targets: targets that get the run-level uniformity test of their law
+            p-values (:mod:`losslessness.checks.pvalues`), one assertion each.
     """
 
     plan_version: str
@@ -291,6 +298,7 @@ class PlanRecord:
     suite_targets: tuple[str, ...]
     units: tuple[Unit, ...]
     sequential_share: float = 0.0
+    pvalues_targets: tuple[str, ...] = ()
 
     @property
     def per_assertion_alpha(self) -> float:
@@ -346,6 +354,7 @@ class PlanRecord:
                 suite_targets=tuple(data["suite_targets"]),
                 units=tuple(Unit(**unit) for unit in data["units"]),
                 sequential_share=float(data["sequential_share"]),
+                pvalues_targets=tuple(data["pvalues_targets"]),
             )
         except (KeyError, TypeError) as error:
             raise ValueError(
@@ -607,6 +616,21 @@ def plan_run(
     if config.selects(SEQUENCE_LAW_CHECK_ID):
         # One identity test per sampled end-to-end target; greedy and drafts-accepted are exact.
         n_assertions += sum(not t.greedy for entries in end_to_end.values() for t in entries)
+    # The run-level test of a target's law p-values: one assertion per target that makes law
+    # or sequence-law tests (it is SKIPPED when too few come out usable, and still counted).
+    pvalues_targets = tuple(
+        adapter.name
+        for adapter in adapters
+        if config.selects(PVALUES_CHECK_ID)
+        and (
+            (adapter.chain is not None and chain and config.selects(LAW_CHECK_ID))
+            or (
+                config.selects(SEQUENCE_LAW_CHECK_ID)
+                and any(not t.greedy for t in end_to_end.get(adapter.name, []))
+            )
+        )
+    )
+    n_assertions += len(pvalues_targets)
     with_device = config.device_checks and device_note is None
     device_alpha = config.family_wise_alpha / (len(adapters) + 1) if with_device else 0.0
     budget = ErrorBudget(max(1, n_assertions), config.family_wise_alpha - device_alpha)
@@ -675,6 +699,7 @@ def plan_run(
         suite_targets=tuple(suite_targets),
         units=tuple(units),
         sequential_share=share,
+        pvalues_targets=pvalues_targets,
     )
     return RunPlan(record, adapters, chain, greedy, e2e_plans, tree, greedy_tree)
 

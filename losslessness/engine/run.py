@@ -35,11 +35,13 @@ from losslessness.checks import malformed_output_result, run_chain_checks
 from losslessness.checks.greedy import check_greedy
 from losslessness.checks.ids import (
     GREEDY_CHECK_ID,
+    PVALUES_CHECK_ID,
     SAMPLED_CHAIN_CHECK_IDS,
     TREE_CHECK_IDS,
     TREE_GREEDY_CHECK_ID,
     TREE_STRUCTURE_CHECK_ID,
 )
+from losslessness.checks.pvalues import check_pvalue_uniformity
 from losslessness.checks.sequential import (
     ChainMonitor,
     attach_sequential_evidence,
@@ -87,6 +89,7 @@ from losslessness.results import (
     SCHEMA_VERSION,
     AuditResult,
     CheckContext,
+    CheckKind,
     CheckResult,
     TargetResult,
     TargetVerdict,
@@ -821,7 +824,10 @@ def replay_command(plan: PlanRecord, check: CheckResult, greedy: bool = False) -
     (its e-value is in the record)."""
     config = plan.config
     grid = plan.chain_cases.get(check.case_id)
-    if check.check_id in ("coupling", "two-sample", "precision", "suite") or "@" in check.target:
+    if (
+        check.check_id in ("coupling", "two-sample", "precision", "suite", PVALUES_CHECK_ID)
+        or "@" in check.target
+    ):
         return None
     command = f"losslessness audit {check.target}"
     if greedy and check.check_id == GREEDY_CHECK_ID:
@@ -912,6 +918,39 @@ def _chain_checks(
     return [result for result in results if plan.config.selects(result.check_id)]
 
 
+def _pvalues_check(
+    plan: PlanRecord, target: str, checks: Sequence[CheckResult], complete: bool
+) -> CheckResult:
+    """The run-level uniformity test of ``target``'s law p-values (one assertion of the
+    budget); SKIPPED when the run was interrupted or the target stopped early on evidence (the
+    sizes of its samples then depend on the data; a stop at the time budget's deadline does
+    not, and the test runs)."""
+    config = plan.config
+    context = CheckContext(
+        target=target,
+        case_id="run",
+        case_summary="the run's independent law p-values against U(0, 1)",
+        case_hash="",
+        alpha=plan.per_assertion_alpha,
+        power=config.power,
+        tv=config.tv,
+        seed=config.seed,
+    )
+    stopped = any(
+        str(check.details.get("stopped", "")).startswith("LOSSY") for check in checks
+    )
+    if not complete or stopped:
+        return context.result(
+            PVALUES_CHECK_ID,
+            kind=CheckKind.STATISTICAL,
+            n=0,
+            verdict=Verdict.SKIPPED,
+            min_detectable_tv=float("inf"),
+            message="not run: the run was interrupted or the target stopped early on evidence",
+        )
+    return check_pvalue_uniformity(checks, context)
+
+
 def _stopped_early(
     groups: dict[tuple[str, str], list[UnitRecord]], verify_steps: int
 ) -> str | None:
@@ -981,6 +1020,8 @@ def finish_run(shards: Sequence[ShardResult]) -> RunResult:
             else:
                 result.checks += [check for unit in units for check in unit.checks]
             _add_totals(result, units)
+        if name in plan.pvalues_targets:
+            result.checks.append(_pvalues_check(plan, name, result.checks, complete))
         result.stopped_early = _stopped_early(by_target.get(name, {}), result.verify_steps)
         result.verdict = target_verdict(result.checks, complete)
         if result.verdict is TargetVerdict.UNAVAILABLE:
