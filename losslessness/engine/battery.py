@@ -9,6 +9,8 @@ cases of DESIGN.md section 4 (disjoint supports, one-hot p, p == q). Every case 
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 
@@ -57,6 +59,12 @@ def default_chain_battery() -> list[ChainCase]:
     Returns:
         Twelve :class:`ChainCase` objects, deterministic (built from :data:`BATTERY_SEED`).
     """
+    return list(_default_chain_battery())
+
+
+@functools.cache
+def _default_chain_battery() -> tuple[ChainCase, ...]:
+    """Built once per process (cases are immutable; targets get copies of their tensors)."""
     rng = np.random.default_rng(BATTERY_SEED)
 
     def dirichlet(vocab: int, concentration: float) -> np.ndarray:
@@ -203,7 +211,7 @@ def default_chain_battery() -> list[ChainCase]:
             {"p-equals-q"},
         )
     )
-    return cases
+    return tuple(cases)
 
 
 def default_greedy_battery() -> list[GreedyCase]:
@@ -216,6 +224,12 @@ def default_greedy_battery() -> list[GreedyCase]:
     Returns:
         :class:`GreedyCase` objects, deterministic (built from :data:`BATTERY_SEED`).
     """
+    return list(_default_greedy_battery())
+
+
+@functools.cache
+def _default_greedy_battery() -> tuple[GreedyCase, ...]:
+    """Built once per process (cases are immutable; targets get copies of their tensors)."""
     rng = np.random.default_rng(BATTERY_SEED + 1)
     cases = []
     for vocab, k, regime in (
@@ -254,4 +268,4 @@ def default_greedy_battery() -> list[GreedyCase]:
                 frozenset({regime}),
             )
         )
-    return cases
+    return tuple(cases)

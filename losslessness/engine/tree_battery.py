@@ -14,6 +14,8 @@ case is built from :data:`TREE_BATTERY_SEED`, so its hash is the same everywhere
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 
@@ -99,6 +101,12 @@ def default_tree_battery() -> list[TreeCase]:
     Returns:
         :class:`TreeCase` objects, ids ``tree-<shape>-<scheme>``.
     """
+    return list(_default_tree_battery())
+
+
+@functools.cache
+def _default_tree_battery() -> tuple[TreeCase, ...]:
+    """Built once per process (cases are immutable; targets get copies of their tensors)."""
     rng = np.random.default_rng(TREE_BATTERY_SEED)
     short = {"iid": "iid", "without-replacement": "wor", "top-k": "topk"}
     cases = []
@@ -122,7 +130,7 @@ def default_tree_battery() -> list[TreeCase]:
         _tree_case(rng, "tree-dup-v3-iid", "binary depth 2, duplicates", (0, 0, 1, 1, 2, 2),
                    "iid", 3, tags=frozenset({"duplicates"})),
     ]
-    return cases
+    return tuple(cases)
 
 
 def _greedy_tree_case(
@@ -167,8 +175,14 @@ def default_greedy_tree_battery() -> list[GreedyTreeCase]:
         :class:`GreedyTreeCase` objects: ties at the maximum, masked logits, duplicate sibling
         tokens, on the battery's shapes.
     """
+    return list(_default_greedy_tree_battery())
+
+
+@functools.cache
+def _default_greedy_tree_battery() -> tuple[GreedyTreeCase, ...]:
+    """Built once per process (cases are immutable; targets get copies of their tensors)."""
     rng = np.random.default_rng(TREE_BATTERY_SEED + 1)
-    return [
+    return (
         _greedy_tree_case(rng, "greedy-tree-ties", "binary depth 3, V=8, 3-level logits (ties)",
                           BINARY_DEPTH_3, 8, 128, 3, 0.0, 0.7, frozenset({"ties"})),
         _greedy_tree_case(rng, "greedy-tree-masked", "EAGLE-like, V=16, 40% -inf logits",
@@ -176,4 +190,4 @@ def default_greedy_tree_battery() -> list[GreedyTreeCase]:
         _greedy_tree_case(rng, "greedy-tree-duplicates", "star of 4 then chains, V=3, duplicate "
                           "siblings, ties", (0, 0, 0, 0, 1, 2, 5), 3, 128, 2, 0.2, 0.8,
                           frozenset({"duplicates", "ties", "masked"})),
-    ]
+    )
