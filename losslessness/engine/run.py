@@ -922,9 +922,10 @@ def _pvalues_check(
     plan: PlanRecord, target: str, checks: Sequence[CheckResult], complete: bool
 ) -> CheckResult:
     """The run-level uniformity test of ``target``'s law p-values (one assertion of the
-    budget); SKIPPED when the run was interrupted or the target stopped early on evidence (the
-    sizes of its samples then depend on the data; a stop at the time budget's deadline does
-    not, and the test runs)."""
+    budget); ERROR when another check of the target crashed (its p-values are incomplete),
+    SKIPPED when the run was interrupted or the target stopped early on evidence (the sizes of
+    its samples then depend on the data; a stop at the time budget's deadline does not, and
+    the test runs)."""
     config = plan.config
     context = CheckContext(
         target=target,
@@ -939,14 +940,20 @@ def _pvalues_check(
     stopped = any(
         str(check.details.get("stopped", "")).startswith("LOSSY") for check in checks
     )
-    if not complete or stopped:
+    crashed = any(check.verdict is Verdict.ERROR for check in checks)
+    if crashed or not complete or stopped:
         return context.result(
             PVALUES_CHECK_ID,
             kind=CheckKind.STATISTICAL,
             n=0,
-            verdict=Verdict.SKIPPED,
+            verdict=Verdict.ERROR if crashed else Verdict.SKIPPED,
             min_detectable_tv=float("inf"),
-            message="not run: the run was interrupted or the target stopped early on evidence",
+            message="not run: "
+            + (
+                "other checks of the target crashed, so its p-values are incomplete"
+                if crashed
+                else "the run was interrupted or the target stopped early on evidence"
+            ),
         )
     return check_pvalue_uniformity(checks, context)
 
