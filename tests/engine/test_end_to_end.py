@@ -36,14 +36,15 @@ default sample size; at the default design (TV 0.05) each is caught with p-value
 
 
 def test_toy_adapter_is_lossless_at_default_settings_with_long_accepted_drafts() -> None:
-    """Default design (TV 0.05, power 0.9, family-wise 1e-3 over the 2 sampled targets): every
-    check passes, and drafts of length >= 2 are accepted in over half of the verify steps of
-    the draft-model and n-gram sampled targets."""
+    """Default design (TV 0.05, power 0.9, family-wise 1e-3 over the 2 sampled targets and the
+    run-level p-value test): every check passes, and drafts of length >= 2 are accepted in
+    over half of the verify steps of the draft-model and n-gram sampled targets."""
     result = run_audit([adapter()], AuditConfig())
     target = result.targets[0]
     assert target.verdict is TargetVerdict.LOSSLESS, [c.message for c in target.checks]
-    assert result.n_assertions == 2
-    by_case = {(c.case_id, c.check_id): c for c in target.checks}
+    # Two sequence-law tests and the target's run-level p-value test.
+    assert result.n_assertions == 3
+    by_case = {(c.case_id, c.check_id): c for c in target.checks if c.case_id != "run"}
     assert set(by_case) == {
         (case, check)
         for case in ("toy/draft-sampling", "toy/ngram-sampling")
@@ -55,7 +56,7 @@ def test_toy_adapter_is_lossless_at_default_settings_with_long_accepted_drafts()
     }
     for case in ("toy/draft-sampling", "toy/ngram-sampling"):
         law = by_case[case, "sequence-law"]
-        assert law.min_detectable_tv <= 0.05 and law.alpha == pytest.approx(5e-4)
+        assert law.min_detectable_tv <= 0.05 and law.alpha == pytest.approx(1e-3 / 3)
         drafts = by_case[case, "drafts-accepted"].details
         assert drafts["share_accepting_more_than_one"] > 0.5, drafts
 
@@ -103,7 +104,8 @@ def test_sequence_law_assertions_share_the_bonferroni_budget_with_chain_checks()
         count_statistical_assertions(case, rows_per_call(case)) for case in default_chain_battery()
     )
     tree = sum(tree_assertions(case).count() for case in default_tree_battery())
-    assert plan.record.n_assertions == chain + tree + 2
+    # ... and one run-level p-value test per target (reference, toy).
+    assert plan.record.n_assertions == chain + tree + 2 + 2
     only = plan_run(AuditConfig(only=("sequence-law",)), [reference_adapter, adapter()])
     assert only.record.n_assertions == 2 and not only.chain_cases
 
@@ -172,7 +174,11 @@ def test_cli_audits_toy_targets_and_replays_by_case(tmp_path: Path) -> None:
     )
     assert result.exit_code == 0, result.output
     record = json.loads(path.read_text())
-    checks = {(c["case_id"], c["check_id"]): c for c in record["targets"][0]["checks"]}
+    checks = {
+        (c["case_id"], c["check_id"]): c
+        for c in record["targets"][0]["checks"]
+        if c["check_id"] != "pvalues"
+    }
     assert set(checks) == {
         ("toy/ngram-sampling", "sequence-law"),
         ("toy/ngram-sampling", "drafts-accepted"),

@@ -58,12 +58,12 @@ def test_the_budget_counts_every_statistical_tree_assertion() -> None:
 
 
 def test_tree_cases_are_sized_from_the_design_tv_and_capped() -> None:
-    """A tree case's trees are tree_steps at the run's per-assertion alpha, capped by
-    --max-steps (and the CI cap), scaled by the budget."""
+    """A tree case's trees are tree_steps at the fixed-n share of the run's per-assertion
+    alpha, capped by --max-steps (and the CI cap), scaled by the budget."""
     reference = resolve_adapter("reference")
     config = RunConfig(cases=TREE_CASES)
     plan = plan_run(config, [reference])
-    alpha = plan.record.per_assertion_alpha
+    alpha = plan.record.alpha_split.fixed
     for case in _cases(TREE_CASES):
         grid = plan.record.tree_cases[case.case_id]
         cap = min(config.max_steps, TREE_CI_MAX_STEPS)
