@@ -137,3 +137,19 @@ def test_time_to_verdict_of_the_default_audit(benchmark: Any, name: str, tmp_pat
     outcome = benchmark.pedantic(audit, rounds=1, iterations=1)
     assert outcome.exit_code == 0, outcome.output
     benchmark.extra_info.update(target=name, exit_code=outcome.exit_code)
+
+
+@pytest.mark.parametrize("name", ["draft-chosen-greedily", "shared-random-stream"])
+@pytest.mark.parametrize("early_stop", [False, True], ids=["fixed", "sequential"])
+def test_time_to_lossy_verdict_of_a_mutant(benchmark: Any, name: str, early_stop: bool) -> None:
+    """Time to a LOSSY verdict on a lossy mutant of the zoo, in the fixed design and in the
+    sequential one (issue 13): the whole zoo's table is ``benchmarks/time_to_verdict.py``'s
+    (``docs/time-to-verdict.md``: median ratio 0.038 on this machine)."""
+    mutant = resolve_adapter(f"mutant/{name}")
+    config = AuditConfig(early_stop=early_stop)
+    result = benchmark.pedantic(lambda: run_audit([mutant], config), rounds=1, iterations=1)
+    target = result.targets[0]
+    assert target.verdict.value == "LOSSY"
+    benchmark.extra_info.update(
+        verify_steps=target.verify_steps, stopped_early=target.stopped_early or ""
+    )
