@@ -149,6 +149,11 @@ class RunConfig(RunDesign):
             raise ValueError(
                 f"time_budget_s: must be a positive number of seconds, got {self.time_budget_s}"
             )
+        if self.time_budget_s is not None and self.steps is not None:
+            raise ValueError(
+                "time_budget_s: cannot be combined with steps (a run with fixed steps, such as "
+                "a replay, draws exactly those; the time budget chooses them)"
+            )
         if self.max_steps < 1:
             raise ValueError(f"max_steps: must be >= 1, got {self.max_steps}")
         if self.steps is not None and self.steps < 1:
