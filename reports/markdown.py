@@ -144,6 +144,10 @@ def render_markdown(result: AuditResult, trends: Trends | None = None) -> str:
             + " | ".join(str(count) for count in counts)
             + f" | {target.verify_steps} | {target.wall_time_s:.1f} |"
         )
+    stopped = [target for target in result.targets if target.stopped_early]
+    if stopped:
+        lines += ["", "## Stopped early", ""]
+        lines += [f"- {_cell(t.name)}: {_cell(t.stopped_early or '')}" for t in stopped]
     unavailable = [target for target in result.targets if target.error is not None]
     if unavailable:
         lines += ["", "## Not audited", ""]

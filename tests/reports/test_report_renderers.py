@@ -44,6 +44,7 @@ from reports import (
     compute_trends,
     load_history,
     read_json,
+    render_html,
     render_junit,
     render_markdown,
     write_json,
@@ -439,3 +440,17 @@ def test_junit_renders_without_targets(result: AuditResult) -> None:
     """An empty run is a valid document with zero tests."""
     root = ET.fromstring(render_junit(dataclasses.replace(result, targets=[])))
     assert root.get("tests") == "0" and root.findall("testsuite") == []
+
+
+def test_reports_name_a_target_stopped_early_and_after_how_many_steps() -> None:
+    """A sequential audit that stops a lossy target early says so in report.md and
+    report.html: the target, LOSSY, and after how many verify steps."""
+    mutant = resolve_adapter("mutant/draft-chosen-greedily")
+    stopped = run_audit([mutant], AuditConfig(cases=("v2-tilted", "v8-far")))
+    target = stopped.targets[0]
+    assert target.stopped_early is not None
+    text = render_markdown(stopped)
+    assert "## Stopped early" in text
+    assert f"LOSSY after {target.verify_steps} verify steps" in text
+    page = render_html(stopped)
+    assert f"Stopped early: LOSSY after {target.verify_steps} verify steps" in page
