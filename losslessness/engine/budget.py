@@ -20,12 +20,14 @@ never part of any test. Device checks and the property suite are outside the bud
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from losslessness.adapters import Adapter
+from losslessness.cases import ChainCase, TreeCase
 from losslessness.design import RunConfig
 from losslessness.engine.draw import (
     ChainSampler,
@@ -36,8 +38,9 @@ from losslessness.engine.draw import (
     sample_tree,
 )
 from losslessness.engine.plan import (
-    MIN_STEPS,
+    ChainCasePlan,
     RunPlan,
+    TreeCasePlan,
     UnavailableTarget,
     _chain_case_plan,
     _tree_case_plan,
@@ -64,6 +67,9 @@ MAX_TV = 0.5
 
 MIN_CAP = 200
 """Fewest steps per case the fit caps to before it drops cases."""
+
+CAP_STEP = 1.5
+"""Ratio between consecutive step caps the fit tries."""
 
 
 @dataclass(frozen=True)
@@ -198,6 +204,16 @@ class BudgetFit:
     claim: str
 
 
+@functools.lru_cache(maxsize=4096)
+def _chain_plan(case: ChainCase, config: RunConfig, alpha: float) -> ChainCasePlan:
+    return _chain_case_plan(case, config, alpha)
+
+
+@functools.lru_cache(maxsize=4096)
+def _tree_plan(case: TreeCase, config: RunConfig, alpha: float) -> TreeCasePlan:
+    return _tree_case_plan(case, config, alpha)
+
+
 def estimate_seconds(
     plan: RunPlan,
     measured: Throughput,
@@ -231,7 +247,7 @@ def estimate_seconds(
             cost = measured.chain.get((adapter.name, case.case_id))
             if cost is None or (cases is not None and case.case_id not in cases):
                 continue
-            grid = _chain_case_plan(case, config, chain_alpha)
+            grid = _chain_plan(case, config, chain_alpha)
             sizes = [
                 size
                 for chunk in range(grid.n_chunks)
@@ -242,7 +258,7 @@ def estimate_seconds(
             per_call = measured.per_call_s.get((adapter.name, "tree", tree_case.case_id))
             if per_call is None or (cases is not None and tree_case.case_id not in cases):
                 continue
-            trees = _tree_case_plan(tree_case, config, plan.record.alpha_split.fixed).n_steps
+            trees = _tree_plan(tree_case, config, plan.record.alpha_split.fixed).n_steps
             mine[tree_case.case_id] = per_call * math.ceil(trees / tree_case.batch_size)
         for (target, kind, case_id), per_call in measured.per_call_s.items():
             if target == adapter.name and kind != "tree" and (cases is None or case_id in cases):
@@ -262,27 +278,86 @@ Design = tuple[float, int | None]
 """A design the fit tries: (design TV, cap on every case's steps or None for the plan's)."""
 
 
-def _first_fitting(
-    plan: RunPlan, measured: Throughput, designs: list[Design], room: float, kept: set[str]
+def needed_steps(plan: RunPlan, tv_grid: list[float]) -> dict[str, list[int]]:
+    """Steps every chain and tree case of ``plan`` needs (before caps) at each TV of
+    ``tv_grid``, by case id."""
+    alpha = plan.record.alpha_split.fixed
+    table: dict[str, list[int]] = {}
+    configs = [dataclasses.replace(plan.config, tv=tv) for tv in tv_grid]
+    for case in plan.chain_cases:
+        table[case.case_id] = [_chain_steps(case, config, alpha)[1] for config in configs]
+    for tree_case in plan.tree_cases:
+        table[tree_case.case_id] = [_tree_steps(tree_case, config, alpha)[1] for config in configs]
+    return table
+
+
+def reached_tvs(
+    plan: RunPlan,
+    tv_grid: list[float],
+    design: Design,
+    kept: set[str],
+    table: dict[str, list[int]] | None = None,
+) -> dict[str, float]:
+    """The TV each kept chain and tree case can detect under ``design``: the smallest TV of
+    ``tv_grid`` whose plan needs no more steps than the design gives the case; below the
+    coarsest, the coarsest TV scaled by ``sqrt(steps it needs / steps given)`` (a detectable
+    TV falls as ``1 / sqrt(n)``; pessimistic where the plan's floor of
+    :data:`~losslessness.engine.plan.MIN_STEPS` steps, not the test, sets the need), at most
+    1. ``table`` is :func:`needed_steps` (computed when None)."""
+    tv, cap = design
+    config = dataclasses.replace(plan.config, tv=tv, max_steps=cap or plan.config.max_steps)
+    alpha = plan.record.alpha_split.fixed
+    table = table if table is not None else needed_steps(plan, tv_grid)
+    given_steps = {case.case_id: _chain_steps(case, config, alpha)[0] for case in plan.chain_cases}
+    given_steps |= {case.case_id: _tree_steps(case, config, alpha)[0] for case in plan.tree_cases}
+    reached: dict[str, float] = {}
+    for case_id, given in given_steps.items():
+        if case_id not in kept:
+            continue
+        needed = table[case_id]
+        reached[case_id] = next(
+            (grid_tv for grid_tv, steps in zip(tv_grid, needed, strict=True) if steps <= given),
+            min(1.0, tv_grid[-1] * math.sqrt(needed[-1] / max(given, 1))),
+        )
+    return reached
+
+
+def _chain_steps(case: ChainCase, config: RunConfig, alpha: float) -> tuple[int, int]:
+    grid = _chain_plan(case, config, alpha)
+    return grid.ci_steps, grid.needed_steps
+
+
+def _tree_steps(case: TreeCase, config: RunConfig, alpha: float) -> tuple[int, int]:
+    grid = _tree_plan(case, config, alpha)
+    return grid.ci_steps, grid.needed_steps
+
+
+def _best_design(
+    plan: RunPlan,
+    measured: Throughput,
+    tv_grid: list[float],
+    designs: list[Design],
+    room: float,
+    kept: set[str],
 ) -> Design | None:
-    """The first of ``designs`` (ordered from the finest) whose estimate on the ``kept`` cases
-    fits ``room`` seconds (None when even the last does not); the time only falls along the
-    list, so bisect."""
-
-    def fits(design: Design) -> bool:
+    """Among ``designs`` whose estimate on the ``kept`` cases fits ``room`` seconds, the one
+    whose cases can detect the smallest TVs: the least geometric mean of
+    :func:`reached_tvs`, then the smallest design TV (None when none fits)."""
+    best: tuple[float, float, Design] | None = None
+    table = needed_steps(plan, tv_grid)
+    for design in designs:
         tv, cap = design
-        return _total(estimate_seconds(plan, measured, tv, kept, cap)) <= room
-
-    if not fits(designs[-1]):
-        return None
-    low, high = 0, len(designs) - 1
-    while low < high:
-        middle = (low + high) // 2
-        if fits(designs[middle]):
-            high = middle
-        else:
-            low = middle + 1
-    return designs[high]
+        if _total(estimate_seconds(plan, measured, tv, kept, cap)) > room:
+            continue
+        reached = reached_tvs(plan, tv_grid, design, kept, table)
+        score = (
+            sum(math.log(value) for value in reached.values()) / len(reached)
+            if reached
+            else math.log(tv)
+        )
+        if best is None or (score, tv) < best[:2]:
+            best = (score, tv, design)
+    return None if best is None else best[2]
 
 
 def fit_time_budget(
@@ -290,13 +365,20 @@ def fit_time_budget(
     targets: Sequence[Adapter | UnavailableTarget],
     device_note: str | None = None,
 ) -> BudgetFit:
-    """Warm up, then choose the finest design whose estimated sampling time fits
-    :data:`FIT_FRACTION` of ``config.time_budget_s``: the design TV from ``config.tv`` up by
-    factors of :data:`TV_GROWTH` to :data:`MAX_TV`, then at :data:`MAX_TV` every case's steps
-    capped from :data:`~losslessness.engine.plan.MIN_STEPS` down to :data:`MIN_CAP`. Breadth
-    comes first: cases are dropped (those that cost most at the coarsest design first, named
-    in the claim, at least one kept) only while the others cannot fit even then; sampling
-    stops at the deadline whatever the estimate.
+    """Warm up, then choose the design that fits :data:`FIT_FRACTION` of
+    ``config.time_budget_s`` and lets the cases detect the smallest TVs.
+
+    The designs are pairs (design TV, step cap): the TV from ``config.tv`` up by factors of
+    :data:`TV_GROWTH` to :data:`MAX_TV`, the cap from none down by :data:`CAP_STEP` to
+    :data:`MIN_CAP` (a cap binds only the cases that need more steps, and those detect a
+    coarser TV than the design's). Among those whose estimate fits, the chosen one has the
+    least geometric mean, over the chain and tree cases, of the TV each case's steps can
+    detect (:func:`reached_tvs`), then the smallest design TV: so one case whose cost hardly
+    falls with the TV (a fully pooled V = 4096) is capped instead of coarsening every other
+    case's claim. Breadth comes first: cases are dropped (those that cost most at the
+    coarsest design first, named in the claim, at least one kept) only while the others
+    cannot fit even at the coarsest design. Sampling stops at the deadline whatever the
+    estimate.
 
     Args:
         config: the requested design, with ``time_budget_s`` set.
@@ -315,30 +397,42 @@ def fit_time_budget(
     plan = plan_run(config, targets, device_note)
     measured = measure_throughput(plan)
     room = FIT_FRACTION * budget
-    designs: list[Design] = [(config.tv, None)]
-    while designs[-1][0] < MAX_TV:
-        designs.append((min(MAX_TV, designs[-1][0] * TV_GROWTH), None))
-    cap = float(min(config.max_steps, MIN_STEPS))
+    tv_grid = [config.tv]
+    while tv_grid[-1] < MAX_TV:
+        tv_grid.append(float(f"{min(MAX_TV, tv_grid[-1] * TV_GROWTH):.3g}"))
+    largest = max(
+        [_chain_steps(case, config, plan.record.alpha_split.fixed)[0] for case in plan.chain_cases]
+        + [_tree_steps(case, config, plan.record.alpha_split.fixed)[0] for case in plan.tree_cases]
+        + [MIN_CAP]
+    )
+    caps: list[int | None] = [None]
+    cap = float(largest)
     while cap > MIN_CAP:
-        cap = max(MIN_CAP, cap / TV_GROWTH)
-        designs.append((MAX_TV, int(cap)))
-    coarsest_tv, coarsest_cap = designs[-1]
-    floor = estimate_seconds(plan, measured, coarsest_tv, None, coarsest_cap)
+        cap = max(MIN_CAP, cap / CAP_STEP)
+        caps.append(int(cap))
+    designs: list[Design] = [(tv, cap_) for tv in tv_grid for cap_ in caps]
+    coarsest: Design = (MAX_TV, MIN_CAP)
+    floor = estimate_seconds(plan, measured, coarsest[0], None, coarsest[1])
     by_case: dict[str, float] = {}
     for per_target in floor.values():
         for case_id, value in per_target.items():
             by_case[case_id] = by_case.get(case_id, 0.0) + value
     kept = set(by_case)
     dropped: list[str] = []
-    # Breadth first: the TV is raised, then every case's steps capped, and a case is dropped
-    # only while the kept ones cannot fit even then, the one that costs most there first.
+    # Breadth first: a case is dropped only while the kept ones cannot fit even at the
+    # coarsest design, the one that costs most there first.
     for case_id in sorted(by_case, key=lambda c: -by_case[c]):
         if len(kept) == 1 or sum(by_case[c] for c in kept) <= room:
             break
         kept.discard(case_id)
         dropped.append(case_id)
-    design = _first_fitting(plan, measured, designs, room, kept) or designs[-1]
-    tv, steps_cap = float(f"{design[0]:.3g}"), design[1]
+    design = _best_design(plan, measured, tv_grid, designs, room, kept) or coarsest
+    tv, steps_cap = design
+    if steps_cap is not None:
+        # Where the cap binds every case, the design TV sizes nothing: claim the finest TV a
+        # case reaches instead.
+        tv = max(tv, min(reached_tvs(plan, tv_grid, design, kept).values(), default=tv))
+    tv = min(tv, MAX_TV)
     seconds = estimate_seconds(plan, measured, tv, kept, steps_cap)
     fitted = dataclasses.replace(
         config,
@@ -352,11 +446,7 @@ def fit_time_budget(
     claim = (
         f"in {budget:g} s, {names} allow{'s' if len(plan.adapters) == 1 else ''} "
         f"TV >= {tv:.3g} at power {config.power:g} on {n_cases} cases"
-        + (
-            f", at most {steps_cap} steps per case (each result says the TV its steps reach)"
-            if steps_cap
-            else ""
-        )
+        + _capped_note(plan, tv_grid, (tv, steps_cap), kept)
         + f" (estimated sampling {_total(seconds):.0f} s after a {measured.warm_up_s:.1f} s "
         "warm-up)"
     )
@@ -373,6 +463,29 @@ def fit_time_budget(
     return BudgetFit(fitted, estimate, tuple(dropped), measured.warm_up_s, claim)
 
 
+def _capped_note(plan: RunPlan, tv_grid: list[float], design: Design, kept: set[str]) -> str:
+    """What the step cap costs, for the claim: the cases it holds above the design TV."""
+    tv, cap = design
+    if cap is None:
+        return ""
+    above = {
+        case_id: reached
+        for case_id, reached in reached_tvs(plan, tv_grid, design, kept).items()
+        if reached > tv * (1 + 1e-9)
+    }
+    if not above:
+        return f", at most {cap} steps per case"
+    shown = ", ".join(
+        f"{case_id} TV {_tv_text(value, tv_grid[-1])}"
+        for case_id, value in sorted(above.items(), key=lambda item: -item[1])
+    )
+    return f", at most {cap} steps per case (so these reach only: {shown})"
+
+
+def _tv_text(value: float, largest: float) -> str:
+    return f"~{value:.2g}" if value > largest else f"{value:.3g}"
+
+
 def _kept_cases(plan: RunPlan, dropped: Sequence[str]) -> list[str]:
     every = [case.case_id for case in plan.chain_cases]
     every += [case.case_id for case in plan.greedy_cases]
@@ -383,6 +496,7 @@ def _kept_cases(plan: RunPlan, dropped: Sequence[str]) -> list[str]:
 
 
 __all__ = [
+    "CAP_STEP",
     "DEADLINE_FRACTION",
     "FIT_FRACTION",
     "MAX_TV",
@@ -395,4 +509,5 @@ __all__ = [
     "estimate_seconds",
     "fit_time_budget",
     "measure_throughput",
+    "reached_tvs",
 ]

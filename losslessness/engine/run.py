@@ -1268,8 +1268,11 @@ def plan_within_budget(
         return plan_run(config, targets, device_note), None, None
     from losslessness.engine.budget import DEADLINE_FRACTION, fit_time_budget
 
+    began = time.perf_counter()
     fit = fit_time_budget(config, targets, device_note)
     if announce is not None:
         announce(fit.claim)
     plan = plan_run(fit.config, targets, device_note)
-    return plan, time.perf_counter() + DEADLINE_FRACTION * config.time_budget_s, fit.claim
+    # The budget counts from the end of the warm-up: the fit's own search is inside it.
+    deadline = began + fit.warm_up_s + DEADLINE_FRACTION * config.time_budget_s
+    return plan, deadline, fit.claim
