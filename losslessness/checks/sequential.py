@@ -212,9 +212,19 @@ class ChainMonitor:
 
         Returns:
             True when the case should stop (``decision`` says why); once True, stays True.
+
+        Raises:
+            ValueError: naming ``outputs`` or ``drafts`` when their shapes do not fit the case.
         """
         if self.decision is not None:
             return True
+        rows, k = self.case.n_rows, self.case.k
+        if outputs.ndim != 3 or outputs.shape[0] != rows or outputs.shape[2] != k + 1:
+            raise ValueError(f"outputs: expected shape [R={rows}, m, k+1={k + 1}], got "
+                             f"{outputs.shape}")
+        if drafts.shape != (*outputs.shape[:2], k):
+            raise ValueError(f"drafts: expected shape {(*outputs.shape[:2], k)}, got "
+                             f"{drafts.shape}")
         m = int(outputs.shape[1])
         self.steps += m
         samples = ChainSamples(self.case, outputs, drafts, np.empty((0, 2), np.int64), 0)
@@ -226,12 +236,8 @@ class ChainMonitor:
         counts = emitted_counts(outputs)
         vocab = self.case.vocab_size
         for (_, r, i, _), state in self.laws.items():
+            # Ids outside [0, V) were stopped on by the structure check above.
             tokens = outputs[r, counts[r] > i, i]
-            inside = (tokens >= 0) & (tokens < vocab)
-            if not inside.all():
-                self._stop(f"token id outside the vocabulary at position {i} after "
-                           f"{self.steps} steps", exact=True)
-                return True
             state.counts += np.bincount(tokens, minlength=vocab)
             impossible = int(state.counts[state.zero].sum())
             if impossible:

@@ -126,10 +126,7 @@ class TreeMonitor:
             samples.token_ids[rows], samples.tokens[rows], samples.accepted_nodes[rows],
             case.depths.numpy(),
         )
-        outside = (emitted < 0) | (emitted >= case.vocab_size)
-        if outside.any():
-            self._stop(f"token id outside the vocabulary within {self.steps} trees", exact=True)
-            return True
+        # Ids outside [0, V) were stopped on by the structure check above.
         at_root = depth == 0
         impossible = np.where(
             at_root,

@@ -336,6 +336,7 @@ def _best_design(
     plan: RunPlan,
     measured: Throughput,
     tv_grid: list[float],
+    table: dict[str, list[int]],
     designs: list[Design],
     room: float,
     kept: set[str],
@@ -344,7 +345,6 @@ def _best_design(
     whose cases can detect the smallest TVs: the least geometric mean of
     :func:`reached_tvs`, then the smallest design TV (None when none fits)."""
     best: tuple[float, float, Design] | None = None
-    table = needed_steps(plan, tv_grid)
     for design in designs:
         tv, cap = design
         if _total(estimate_seconds(plan, measured, tv, kept, cap)) > room:
@@ -426,12 +426,13 @@ def fit_time_budget(
             break
         kept.discard(case_id)
         dropped.append(case_id)
-    design = _best_design(plan, measured, tv_grid, designs, room, kept) or coarsest
+    table = needed_steps(plan, tv_grid)
+    design = _best_design(plan, measured, tv_grid, table, designs, room, kept) or coarsest
     tv, steps_cap = design
     if steps_cap is not None:
         # Where the cap binds every case, the design TV sizes nothing: claim the finest TV a
         # case reaches instead.
-        tv = max(tv, min(reached_tvs(plan, tv_grid, design, kept).values(), default=tv))
+        tv = max(tv, min(reached_tvs(plan, tv_grid, design, kept, table).values(), default=tv))
     tv = min(tv, MAX_TV)
     seconds = estimate_seconds(plan, measured, tv, kept, steps_cap)
     fitted = dataclasses.replace(
@@ -446,7 +447,7 @@ def fit_time_budget(
     claim = (
         f"in {budget:g} s, {names} allow{'s' if len(plan.adapters) == 1 else ''} "
         f"TV >= {tv:.3g} at power {config.power:g} on {n_cases} cases"
-        + _capped_note(plan, tv_grid, (tv, steps_cap), kept)
+        + _capped_note(plan, tv_grid, table, (tv, steps_cap), kept)
         + f" (estimated sampling {_total(seconds):.0f} s after a {measured.warm_up_s:.1f} s "
         "warm-up)"
     )
@@ -463,14 +464,20 @@ def fit_time_budget(
     return BudgetFit(fitted, estimate, tuple(dropped), measured.warm_up_s, claim)
 
 
-def _capped_note(plan: RunPlan, tv_grid: list[float], design: Design, kept: set[str]) -> str:
+def _capped_note(
+    plan: RunPlan,
+    tv_grid: list[float],
+    table: dict[str, list[int]],
+    design: Design,
+    kept: set[str],
+) -> str:
     """What the step cap costs, for the claim: the cases it holds above the design TV."""
     tv, cap = design
     if cap is None:
         return ""
     above = {
         case_id: reached
-        for case_id, reached in reached_tvs(plan, tv_grid, design, kept).items()
+        for case_id, reached in reached_tvs(plan, tv_grid, design, kept, table).items()
         if reached > tv * (1 + 1e-9)
     }
     if not above:

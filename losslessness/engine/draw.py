@@ -337,10 +337,9 @@ def sample_chain(
     seed: int,
     progress: Callable[[int], None] | None = None,
     timeout_s: float | None = None,
-    ramp: bool = False,
 ) -> ChainSamples:
     """Run ``n_steps`` verification steps per row type of ``case`` (:class:`ChainSampler`
-    to the end).
+    to the end, full-size calls).
 
     A verifier that writes into its inputs is detected after the last call (one comparison
     pass) and the case is sampled again with a fresh copy per call, so its samples never come
@@ -353,7 +352,6 @@ def sample_chain(
         seed: replays the drafts and the verifier's randomness exactly.
         progress: called with the number of steps done after each call.
         timeout_s: seconds each call may take (None: no limit).
-        ramp: the sequential call schedule (:func:`call_schedule`).
 
     Returns:
         :class:`ChainSamples`; its ``pairs`` are the steps ``(2m, 2m+1)`` that one call
@@ -365,14 +363,14 @@ def sample_chain(
         TargetTimeout: a call took longer than ``timeout_s``.
         Exception: whatever the verifier raised, unchanged.
     """
-    sampler = ChainSampler(verifier, case, n_steps, seed, timeout_s, ramp)
+    sampler = ChainSampler(verifier, case, n_steps, seed, timeout_s)
     while not sampler.finished:
         _, m = sampler.step()
         if progress is not None:
             progress(m)
     if not sampler.inputs_intact():
         # The progress callback has already been told every step once.
-        sampler = ChainSampler(verifier, case, n_steps, seed, timeout_s, ramp, fresh_inputs=True)
+        sampler = ChainSampler(verifier, case, n_steps, seed, timeout_s, fresh_inputs=True)
         while not sampler.finished:
             sampler.step()
     return sampler.samples()
@@ -398,17 +396,14 @@ def sample_greedy(
 
 
 def paired_steps(n_steps: int, steps_per_call: int) -> np.ndarray:
-    """The step pairs ``(2m, 2m+1)`` that one verifier call carried together.
-
-    Steps are laid out call by call, ``steps_per_call`` per call; a pair straddling two calls
-    is dropped (the independence checks compare only copies of one call).
+    """The step pairs ``(2m, 2m+1)`` that one verifier call carried together, for calls of
+    ``steps_per_call`` steps (the last one shorter): :func:`paired_steps_of_calls`.
 
     Returns:
         ``[P, 2]`` int64 step indices.
     """
-    starts = np.arange(0, n_steps - 1, 2)
-    starts = starts[starts // steps_per_call == (starts + 1) // steps_per_call]
-    return np.stack([starts, starts + 1], axis=1).astype(np.int64)
+    full, rest = divmod(n_steps, steps_per_call)
+    return paired_steps_of_calls([steps_per_call] * full + ([rest] if rest else []))
 
 
 def coerce_tree_output(value: object, batch: int, depth: int) -> tuple[np.ndarray, np.ndarray]:

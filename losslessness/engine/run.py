@@ -550,8 +550,9 @@ def _run_tree_unit(state: _ShardState, unit: Unit, record: UnitRecord) -> None:
             reason = monitor.decision.reason
             record.extra["stopped"] = f"LOSSY: {reason}"
             state.decided.setdefault(unit.target, f"{unit.case_id}: {reason}")
-        record.extra["sequential"] = evidence_to_json(monitor.evidence())
-        attach_sequential_evidence(results, monitor.evidence(), reason)
+        evidence = monitor.evidence()
+        record.extra["sequential"] = evidence_to_json(evidence)
+        attach_sequential_evidence(results, evidence, reason)
     for result in results:
         result.details.update(
             steps=samples.n_steps, capped=grid.capped, ci_steps=grid.ci_steps,

@@ -117,16 +117,16 @@ def multinomial_log_evalue(
         ``log E`` (natural log); 0.0 with no observations.
 
     Raises:
-        ValueError: naming ``counts`` or ``probs``: shapes differ, negative counts,
+        ValueError: naming ``counts`` or ``probs``: shapes differ, NaN, negative counts,
             non-positive probabilities.
     """
     observed = np.asarray(counts, dtype=np.float64)
     p = np.asarray(probs, dtype=np.float64)
     if observed.shape != p.shape or observed.ndim != 1:
         raise ValueError(f"counts: shape {observed.shape} does not match probs {p.shape}")
-    if (observed < 0).any():
-        raise ValueError("counts: must be non-negative")
-    if (p <= 0).any():
+    if not np.isfinite(observed).all() or (observed < 0).any():
+        raise ValueError("counts: must be finite and non-negative")
+    if not np.isfinite(p).all() or (p <= 0).any():
         raise ValueError("probs: cells must have positive probability (test zero cells exactly)")
     n = float(observed.sum())
     if n == 0:

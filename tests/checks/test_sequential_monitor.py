@@ -155,3 +155,16 @@ def test_tree_monitor_keys_match_the_results_they_attach_to() -> None:
     keys = {assertion_key(result) for result in run_tree_checks(samples, context)}
     assert set(monitor.evidence()) <= keys
     assert {key[0] for key in monitor.evidence()} >= {"tree.law", "tree.independence"}
+
+
+def test_monitor_update_names_outputs_or_drafts_of_the_wrong_shape() -> None:
+    """Outputs or drafts that do not fit the case raise ValueError naming the argument."""
+    case = CASES["v2-tilted"]
+    monitor = ChainMonitor(case, 100, 1e-3, _context("v2-tilted"))
+    good = np.zeros((case.n_rows, 4, case.k + 1), dtype=np.int64)
+    drafts = np.zeros((case.n_rows, 4, case.k), dtype=np.int64)
+    pairs = np.empty((0, 2), dtype=np.int64)
+    with pytest.raises(ValueError, match=r"^outputs"):
+        monitor.update(good[:, :, :-1], drafts, pairs)
+    with pytest.raises(ValueError, match=r"^drafts"):
+        monitor.update(good, drafts[:, :3], pairs)

@@ -113,6 +113,8 @@ def test_split_alpha_gives_the_sequential_share_and_keeps_the_sum() -> None:
         (lambda: multinomial_log_evalue(np.array([1, 2]), np.array([1.0])), "counts"),
         (lambda: multinomial_log_evalue(np.array([-1, 2]), np.array([0.5, 0.5])), "counts"),
         (lambda: multinomial_log_evalue(np.array([1, 2]), np.array([0.0, 1.0])), "probs"),
+        (lambda: multinomial_log_evalue(np.array([1, 2]), np.array([np.nan, 0.5])), "probs"),
+        (lambda: multinomial_log_evalue(np.array([1.0, np.nan]), np.array([0.5, 0.5])), "counts"),
         (lambda: binomial_upper_log_evalue(11, 10, 0.5), "successes"),
         (lambda: binomial_upper_log_evalue(1, 10, float("nan")), "rate"),
     ],
