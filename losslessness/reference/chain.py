@@ -11,37 +11,51 @@ device; all randomness comes from the explicit generator, or from explicit unifo
 (:class:`ChainUniforms`, :func:`verify_with_uniforms`) so that two implementations can be
 coupled decision by decision.
 
-Two paths give identical outputs for the same uniforms. When every batch row is the same
-memory (the caller passed ``p.expand(B, k+1, V)`` and ``q.expand(B, k, V)``: stride 0 along the
-batch), the acceptance ratios and the k+1 possible final laws are computed once, as tables,
-and each row only gathers from them and binary-searches one cumulative table
-(:func:`losslessness.reference.sampling.sample_inverse_cdf_from_tables`): ``O(k V + B k log V)``.
-Otherwise every row gets its own tables, vectorised over rows, in chunks of rows that stay in
-cache (``_verify_per_row``): ``O(B k V)`` time, memory bounded whatever B is. Both paths do the
-same float operations, so each emits exactly what the other would for the same uniforms.
+Two paths give identical outputs for the same uniforms, on each device. When every batch row
+is the same memory (the caller passed ``p.expand(B, k+1, V)`` and ``q.expand(B, k, V)``:
+stride 0 along the batch), the acceptance ratios and the k+1 possible final laws are computed
+once, as tables, and each row only gathers from them and binary-searches one cumulative table:
+``O(k V + B k log V)``. Otherwise every row gets its own: ``O(B k V)`` time, memory bounded
+whatever B is.
 
-Contiguous float32/float64 CPU rows with int64 ids take that per-row path *screened*
-(``_verify_screened``): instead of validating first (two passes over the ``[B, 2k+1, V]``
-input) and then verifying (a third), the protocol's value checks are made inside the chunks,
-on the float64 row sums the verifier uses anyway, one scan of the cached chunk for its
-smallest entry, and the drafted entries of q; any failed check hands the call to
-``validate_chain_inputs``, which raises the protocol's own error. Same float operations
-again, so the same outputs for the same uniforms (issue 13, item 4).
+- **On CPU** both paths use the compiled arithmetic of
+  :mod:`losslessness.reference.chain_kernel` (its fixed-order float64 row sums, ratios, final
+  weights and search): distinct rows are verified one pass per row (``_kernel_rows``, on up to
+  ``torch.get_num_threads()`` threads), shared rows from its tables (``_verify_shared_cpu``).
+  Contiguous float32/float64 rows with int64 ids are verified *screened*
+  (``_verify_screened``): instead of validating first (two passes over the ``[B, 2k+1, V]``
+  input) and then verifying (a third), the protocol's value checks are made on what the
+  kernel reads anyway, and any failed check hands the call to ``validate_chain_inputs``,
+  which raises the protocol's own error (issue 13, item 4: 5 million steps per second and
+  more at V = 32, k = 4, see ``benchmarks/test_bench_reference.py``).
+- **On accelerators** (CUDA, MPS) both use torch operations: ``_verify_shared`` and
+  ``_verify_per_row`` (chunks of rows vectorised, one cumulative table per row), the same
+  float operations in both.
+
+The two arithmetics differ only in rounding (summation order, ``a / b / (c / d)`` against
+``a d / (c b)``), so they can disagree only where a uniform falls within a few ulps of a
+decision boundary.
 """
 
 from __future__ import annotations
 
+import itertools
+import math
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
 
 from losslessness.protocol import ROW_SUM_TOLERANCE, InvalidInputError, validate_chain_inputs
+from losslessness.reference import chain_kernel
 from losslessness.reference.laws import residual_distribution
 from losslessness.reference.output import accepted_lengths, emitted_tokens
 from losslessness.reference.sampling import (
     compute_dtype,
     sample_inverse_cdf,
     sample_inverse_cdf_from_tables,
+    search_grouped,
 )
 
 
@@ -256,19 +270,19 @@ def _verify_screened(
 ) -> torch.Tensor:
     """:func:`verify` (``generator`` given) or :func:`verify_with_uniforms` (``generator``
     None, ``uniforms`` a :class:`ChainUniforms`) on inputs that pass :func:`_screenable`, with
-    the input validation fused into the per-row path's chunks.
+    the input validation fused into the compiled per-row pass.
 
     The value checks of :func:`losslessness.protocol.validate_chain_inputs` (NaN/inf, negative
-    mass, rows summing to 1 within ``ROW_SUM_TOLERANCE``, no draft on a zero of q) are made
-    chunk by chunk while the chunk is in cache: the float64 row sums the verifier needs anyway
-    are the validator's own sums (NaN and inf propagate into them), the smallest entry is one
-    extra scan of the cached chunk, the drafted entries of q are the ones the acceptance
-    ratios gather. So the ``[B, 2k+1, V]`` input is read from memory once instead of three
-    times. Any doubt (a chunk failing a check, malformed uniforms) hands the call to
-    ``validate_chain_inputs``, which raises the protocol's error naming the argument (the
-    first in the protocol's order), with the generator restored to its state before the call.
-    Should it find nothing (the checks here are the validator's own, so this is a safety net,
-    not a path taken in practice), the general per-row path verifies with the same uniforms.
+    mass, rows summing to 1 within ``ROW_SUM_TOLERANCE``, no draft on a zero of q) are made on
+    the facts :func:`losslessness.reference.chain_kernel.verify_rows` collects while it
+    verifies (:class:`_KernelFacts`: NaN and inf propagate into the row sums, the smallest
+    entry and the drafted q entries are read on the way), so the ``[B, 2k+1, V]`` input is
+    read from memory once instead of three times. A failed check (or malformed uniforms)
+    hands the call to ``validate_chain_inputs``, which raises the protocol's error naming the
+    argument (the first in the protocol's order), with the generator restored to its state
+    before the call. The kernel's row sums may differ from the validator's in the last bit,
+    so a row within one rounding of ``ROW_SUM_TOLERANCE`` can fail here and pass there: the
+    tokens already drawn are then returned.
 
     Returns:
         ``[B, k+1]`` int64, as :func:`verify`.
@@ -279,7 +293,7 @@ def _verify_screened(
     batch, k = draft_token_ids.shape
     device = target_probs.device
     state = None
-    # The reference is not differentiable; detached views let numpy read the chunks.
+    # The reference is not differentiable; detached views let numpy read the inputs.
     target_probs, draft_probs = target_probs.detach(), draft_probs.detach()
     try:
         if generator is None or uniforms is not None:
@@ -299,167 +313,147 @@ def _verify_screened(
         # The protocol reports malformed probabilities before malformed uniforms.
         validate_chain_inputs(target_probs, draft_probs, draft_token_ids)
         raise
-    try:
-        return _verify_screened_rows(target_probs, draft_probs, draft_token_ids, accept, sample)
-    except _ScreenFailed:
+    tokens, facts = _kernel_rows(target_probs, draft_probs, draft_token_ids, accept, sample)
+    if not facts.passed():
         try:
             validate_chain_inputs(target_probs, draft_probs, draft_token_ids)
         except InvalidInputError:
             if generator is not None and state is not None:
                 generator.set_state(state)
             raise
-    return _verify_per_row(target_probs, draft_probs, draft_token_ids, accept, sample)
+    return tokens
 
 
-def _smallest_entry(probs: torch.Tensor) -> float:
-    """The smallest entry of a contiguous CPU float tensor (NaN if it holds one), by numpy's
-    SIMD minimum: about twice as fast as ``torch.min`` on a cached chunk on one thread."""
-    return float(probs.numpy().min())
+MIN_ROWS_PER_THREAD = 1 << 14
+"""Rows below which a call to the compiled kernel stays on one thread: a thread's start and
+join cost about as much as verifying this many rows."""
 
 
-def _verify_screened_rows(
+@dataclass(frozen=True)
+class _KernelFacts:
+    """What :func:`losslessness.reference.chain_kernel.verify_rows` saw of its inputs: the
+    smallest entry, the largest ``|row sum - 1|`` (NaN for any NaN or infinite entry) and the
+    smallest drafted ``q_i(d_i)``, each over every thread's rows."""
+
+    smallest: float
+    worst_sum_error: float
+    smallest_drafted: float
+
+    def passed(self) -> bool:
+        """True iff the inputs pass the validator's value checks: no entry below 0 (``-0.0``
+        is not), every row sum within ``ROW_SUM_TOLERANCE`` of 1 (false for NaN or inf), no
+        draft on a zero of q."""
+        return (
+            self.smallest >= 0
+            and self.worst_sum_error <= ROW_SUM_TOLERANCE
+            and self.smallest_drafted > 0
+        )
+
+
+def _kernel_dtype(target_probs: torch.Tensor, draft_probs: torch.Tensor) -> torch.dtype:
+    """float32 when both inputs hold float32 or narrower (converted exactly), else float64."""
+    narrow = (torch.float32, torch.float16, torch.bfloat16)
+    both_narrow = target_probs.dtype in narrow and draft_probs.dtype in narrow
+    return torch.float32 if both_narrow else torch.float64
+
+
+def _kernel_rows(
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    accept_uniforms: torch.Tensor,
+    sample_uniforms: torch.Tensor,
+) -> tuple[torch.Tensor, _KernelFacts]:
+    """Every row verified by :func:`losslessness.reference.chain_kernel.verify_rows`, on
+    ``min(torch.get_num_threads(), B // MIN_ROWS_PER_THREAD)`` threads (at least one) over
+    contiguous slices of the batch (the kernel releases the GIL; each row's tokens depend only
+    on its own inputs and uniforms, so the split never changes them).
+
+    Args:
+        target_probs: ``[B, k+1, V]`` CPU float (converted, exactly, to a contiguous
+            float32/float64 copy when it is not one already, see :func:`_kernel_dtype`).
+        draft_probs: ``[B, k, V]`` CPU float.
+        draft_token_ids: ``[B, k]`` CPU integer ids in ``[0, V)``.
+        accept_uniforms: ``[B, k]`` CPU float64.
+        sample_uniforms: ``[B]`` CPU float64.
+
+    Returns:
+        ``[B, k+1]`` int64 tokens as :func:`verify`, and what the kernel saw of the inputs.
+    """
+    dtype = _kernel_dtype(target_probs, draft_probs)
+    p = target_probs.to(dtype).contiguous().numpy()
+    q = draft_probs.to(dtype).contiguous().numpy()
+    ids = draft_token_ids.to(torch.int64).contiguous()
+    accept = accept_uniforms.to(torch.float64).contiguous().numpy()
+    sample = sample_uniforms.to(torch.float64).contiguous().numpy()
+    batch, k = ids.shape
+    emitted = torch.empty((batch, k + 1), dtype=torch.int64)
+    out = emitted.numpy()
+
+    def run(rows: slice) -> tuple[float, float, float]:
+        return chain_kernel.verify_rows(  # type: ignore[no-any-return]
+            p[rows], q[rows], ids.numpy()[rows], accept[rows], sample[rows], out[rows]
+        )
+
+    threads = max(1, min(torch.get_num_threads(), batch // MIN_ROWS_PER_THREAD))
+    bounds = [batch * t // threads for t in range(threads + 1)]
+    slices = [slice(low, high) for low, high in itertools.pairwise(bounds)]
+    if threads == 1:
+        seen = [run(slices[0])]
+    else:
+        with ThreadPoolExecutor(threads) as pool:
+            seen = list(pool.map(run, slices))
+    facts = _KernelFacts(
+        smallest=min(s[0] for s in seen),
+        worst_sum_error=_worst(s[1] for s in seen),
+        smallest_drafted=min(s[2] for s in seen),
+    )
+    return emitted, facts
+
+
+def _worst(errors: Iterable[float]) -> float:
+    """The largest error, NaN if any is NaN."""
+    values = list(errors)
+    return math.nan if any(math.isnan(v) for v in values) else max(values)
+
+
+def _verify_shared_cpu(
     target_probs: torch.Tensor,
     draft_probs: torch.Tensor,
     draft_token_ids: torch.Tensor,
     accept_uniforms: torch.Tensor,
     sample_uniforms: torch.Tensor,
 ) -> torch.Tensor:
-    """The per-row path on inputs that passed :func:`_screenable`, checking their values on
-    the way (raises ``_ScreenFailed`` when a check fails; the tokens drawn are then dropped).
-
-    In chunks of :func:`_rows_per_chunk` rows (:func:`_screen_rows`), each chunk is read from
-    memory once, by the scan for its smallest entry; while it is in cache it is summed by
-    rows (float64), gathered at the drafts (the acceptance decisions follow) and at each step's two
-    stopping rows, from which the step's one token is drawn (:func:`_final_tokens`, handed
-    the stopping rows' sums). That is the only full pass over the ``[B, 2k+1, V]`` input; the
-    validator's value checks are made on the numbers so collected (:class:`_Screen`). The
-    float operations are those of :func:`_verify_per_row` and :func:`_verify_shared`, so the
-    outputs equal theirs for the same uniforms (pinned by
-    ``tests/reference/test_reference_screened_rows.py``). Memory: the output, ``O(B)``
-    numbers and a few ``[c, V]`` temporaries per chunk (chunk-sized allocations, which the
-    allocator recycles: a fresh ``[B, V]`` buffer would cost a page fault per 4 KiB).
-
-    Args:
-        target_probs: ``[B, k+1, V]`` contiguous CPU float32/float64, k >= 1.
-        draft_probs: ``[B, k, V]`` contiguous CPU float32/float64.
-        draft_token_ids: ``[B, k]`` int64 in ``[0, V)``.
-        accept_uniforms: ``[B, k]`` float64 in ``[0, 1)``.
-        sample_uniforms: ``[B]`` float64 in ``[0, 1)``.
-
-    Returns:
-        ``[B, k+1]`` int64, as :func:`verify`.
-    """
-    batch, k = draft_token_ids.shape
-    vocab = target_probs.shape[-1]
-    device = target_probs.device
-    dtype = compute_dtype(device)
-    screen = _Screen(
-        smallest=[],
-        worst_sum_error=torch.zeros((), dtype=dtype, device=device),
-        smallest_drafted=torch.full((), float("inf"), dtype=dtype, device=device),
+    """Every row the same memory, on CPU: tables from row 0 with the arithmetic of
+    :func:`losslessness.reference.chain_kernel.verify_rows` (its row sums, ratios, weights and
+    search), so the outputs equal the per-row kernel's for the same uniforms.
+    ``O(k V + B k log V)``."""
+    k = draft_token_ids.shape[1]
+    dtype = _kernel_dtype(target_probs, draft_probs)
+    p = target_probs[0].to(dtype).contiguous()
+    q = draft_probs[0].to(dtype).contiguous()
+    ids = draft_token_ids.to(torch.int64)
+    p_sums = chain_kernel.row_sums(p.numpy())
+    q_sums = chain_kernel.row_sums(q.numpy())
+    if k > 0:
+        # [k, V] acceptance ratios, the kernel's (p_d s_q) / (q_d s_p); only entries at
+        # drawn drafts (q > 0) are ever read.
+        p_sum = torch.from_numpy(p_sums[:k]).unsqueeze(1)
+        q_sum = torch.from_numpy(q_sums).unsqueeze(1)
+        ratios = (p[:k].to(torch.float64) * q_sum) / (q.to(torch.float64) * p_sum)
+        drafted = ratios.expand(ids.shape[0], k, -1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+        n_accepted = accepted_lengths(accept_uniforms < drafted)
+    else:
+        n_accepted = torch.zeros(ids.shape[0], dtype=torch.int64)
+    running, totals, last = (
+        torch.from_numpy(table)
+        for table in chain_kernel.final_tables(p.numpy(), q.numpy(), p_sums, q_sums)
     )
-    n_accepted = torch.empty(batch, dtype=torch.int64, device=device)
-    final = torch.empty(batch, dtype=torch.int64, device=device)
-    step = _rows_per_chunk(k, vocab, device)
-    index = _ChunkIndex.build(min(step, batch), k, vocab, device)
-    for start in range(0, batch, step):
-        rows = slice(start, min(batch, start + step))
-        _screen_rows(
-            target_probs[rows],
-            draft_probs[rows],
-            draft_token_ids[rows],
-            accept_uniforms[rows],
-            sample_uniforms[rows],
-            index,
-            screen,
-            n_accepted[rows],
-            final[rows],
-        )
-    if not screen.passed():
-        raise _ScreenFailed
-    return emitted_tokens(draft_token_ids, n_accepted, final)
-
-
-@dataclass
-class _Screen:
-    """The value checks of ``validate_chain_inputs``, accumulated over the chunks of
-    :func:`_verify_screened_rows`.
-
-    Attributes:
-        smallest: the smallest entry of every chunk of both inputs.
-        worst_sum_error: ``[]`` float64, the largest ``|row sum - 1|`` so far (NaN once a sum
-            is NaN: ``torch.maximum`` propagates it).
-        smallest_drafted: ``[]`` float64, the smallest ``q_i(d_i)`` so far.
-    """
-
-    smallest: list[float]
-    worst_sum_error: torch.Tensor
-    smallest_drafted: torch.Tensor
-
-    def passed(self) -> bool:
-        """True iff every row sum (float64, the validator's own) lies within
-        ``ROW_SUM_TOLERANCE`` of 1 (false for a NaN or infinite sum, hence for any NaN or inf
-        entry: they propagate into the sums), no entry is below 0 (``-0.0`` is not, as for
-        the validator), and no draft sits on a zero of q."""
-        if not float(self.worst_sum_error) <= ROW_SUM_TOLERANCE:
-            return False
-        if not min(self.smallest) >= 0:
-            return False
-        return float(self.smallest_drafted) > 0
-
-
-def _screen_rows(
-    target_probs: torch.Tensor,
-    draft_probs: torch.Tensor,
-    ids: torch.Tensor,
-    accept_uniforms: torch.Tensor,
-    sample_uniforms: torch.Tensor,
-    index: _ChunkIndex,
-    screen: _Screen,
-    n_accepted: torch.Tensor,
-    final: torch.Tensor,
-) -> None:
-    """One chunk of :func:`_verify_screened_rows`: fills ``n_accepted`` and ``final`` ``[c]``.
-
-    Reads the contiguous chunk ``[c, k+1, V]`` / ``[c, k, V]`` from memory once (for its
-    smallest entries), then from cache: its float64 row sums (bit for bit those of
-    :func:`_row_sums` and of the validator), their errors and the drafted q entries into
-    ``screen``, the acceptance decisions and the final token (the operations of
-    :func:`_verify_rows`)."""
-    rows, k = ids.shape
-    vocab = target_probs.shape[-1]
-    dtype = screen.worst_sum_error.dtype
-    # numpy's minimum reads the chunk from memory (slightly faster there than the row sums,
-    # measured), then the row sums read it from cache.
-    screen.smallest.append(_smallest_entry(target_probs))
-    screen.smallest.append(_smallest_entry(draft_probs))
-    p_sums = target_probs.to(dtype).sum(dim=-1)
-    q_sums = draft_probs.to(dtype).sum(dim=-1)
-    error = torch.maximum(p_sums.sub(1.0).abs_().amax(), q_sums.sub(1.0).abs_().amax())
-    torch.maximum(screen.worst_sum_error, error, out=screen.worst_sum_error)
-    # (p_d / p_sum) / (q_d / q_sum), in place on the freshly gathered entries.
-    ratio = _entries_at(target_probs, ids, index.target_entries, dtype).div_(p_sums[:, :k])
-    drafted = _entries_at(draft_probs, ids, index.draft_entries, dtype)
-    torch.minimum(screen.smallest_drafted, drafted.amin(), out=screen.smallest_drafted)
-    ratio.div_(drafted.div_(q_sums))
-    n_accepted.copy_(accepted_lengths(accept_uniforms < ratio))
-    # Step b stops at row target_row[b] of the chunk's [c (k+1), V] rows (and of its
-    # flattened sums), and at row draft_row[b] of its [c k, V] rows.
-    target_row = index.target_rows[:rows].add(n_accepted)
-    draft_row = index.draft_rows[:rows].add(n_accepted.clamp(max=k - 1))
-    sums = (
-        p_sums.view(-1).index_select(0, target_row).unsqueeze(1),
-        q_sums.view(-1).index_select(0, draft_row).unsqueeze(1),
-    )
-    final.copy_(
-        _final_tokens(
-            target_probs.view(-1, vocab).index_select(0, target_row),
-            draft_probs.view(-1, vocab).index_select(0, draft_row),
-            n_accepted == k,
-            sample_uniforms,
-            sums,
-        )
-    )
+    index = search_grouped(running, n_accepted, sample_uniforms * totals[n_accepted])
+    overflow = index >= running.shape[1]
+    if bool(overflow.any()):
+        index = torch.where(overflow, last[n_accepted], index)
+    return emitted_tokens(ids, n_accepted, index)
 
 
 def _require_same_device(
@@ -525,7 +519,16 @@ def _verify_validated(
 ) -> torch.Tensor:
     # The reference is not differentiable (and its in-place steps refuse tensors with grad).
     target_probs, draft_probs = target_probs.detach(), draft_probs.detach()
-    if shares_rows(target_probs, draft_probs):
+    shared = shares_rows(target_probs, draft_probs)
+    if target_probs.device.type == "cpu":
+        if shared:
+            return _verify_shared_cpu(
+                target_probs, draft_probs, draft_token_ids, accept_uniforms, sample_uniforms
+            )
+        return _kernel_rows(
+            target_probs, draft_probs, draft_token_ids, accept_uniforms, sample_uniforms
+        )[0]
+    if shared:
         return _verify_shared(
             target_probs, draft_probs, draft_token_ids, accept_uniforms, sample_uniforms
         )
@@ -702,7 +705,6 @@ def _final_tokens(
     draft_rows: torch.Tensor,
     bonus: torch.Tensor,
     sample_uniforms: torch.Tensor,
-    row_sums: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """The token emitted after the accepted drafts, one law per row, by inverse CDF.
 
@@ -719,9 +721,6 @@ def _final_tokens(
             tensor, overwritten.
         bonus: ``[N]`` bool, all k drafts accepted: the law is p_k itself.
         sample_uniforms: ``[N]`` float in ``[0, 1)`` in the compute dtype.
-        row_sums: optional ``([N, 1], [N, 1])`` float64, the sums of ``target_rows`` and
-            ``draft_rows`` in the compute dtype, already computed by the caller (bit for bit
-            what this function would compute; used only where the compute dtype is float64).
 
     Returns:
         ``[N]`` int64 token ids. Never a token of zero mass in its law, so never a token with
@@ -735,11 +734,11 @@ def _final_tokens(
         # residual_distribution computes in float64: keep the exact composition off CPU/CUDA.
         return sample_inverse_cdf(_final_laws(target_rows, draft_rows, bonus), sample_uniforms)
     p = target_rows.to(dtype)
-    p.div_(p.sum(dim=-1, keepdim=True) if row_sums is None else row_sums[0])
+    p.div_(p.sum(dim=-1, keepdim=True))
     if bool(bonus.all()):
         return sample_inverse_cdf(p, sample_uniforms)
     q = draft_rows.to(dtype)
-    q.div_(q.sum(dim=-1, keepdim=True) if row_sums is None else row_sums[1])
+    q.div_(q.sum(dim=-1, keepdim=True))
     # The operations of laws.residual_distribution, in place on q.
     law = torch.sub(p, q, out=q).clamp_(min=0.0)
     peak = law.amax(dim=-1, keepdim=True)

@@ -95,16 +95,32 @@ def sample_inverse_cdf_from_tables(
     """
     dtype = compute_dtype(probs.device)
     cdf = probs.to(dtype).cumsum(dim=-1)
-    targets = uniforms.to(dtype) * cdf[table, -1]
-    # Group the draws by table (a stable sort of small integers), search each group in its
-    # own table, and scatter back: N searches and no per-table pass over all N draws.
-    # Sorting the narrowest integer type that holds the labels gives the same permutation,
-    # about 3x faster than int64.
-    order = torch.argsort(table.to(_label_dtype(probs.shape[0])), stable=True)
-    sizes = torch.bincount(table, minlength=probs.shape[0]).tolist()
+    index = search_grouped(cdf, table, uniforms.to(dtype) * cdf[table, -1])
+    _resolve_overflow(index, probs, table)
+    return index
+
+
+def search_grouped(cdf: torch.Tensor, table: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """For every draw n, the first index j with ``cdf[table[n], j] > targets[n]``.
+
+    Groups the draws by table (a stable sort of small integers), searches each group in its
+    own row and scatters back: ``N`` binary searches and no per-table pass over all ``N``
+    draws. Sorting the narrowest integer type that holds the labels gives the same
+    permutation, about 3x faster than int64.
+
+    Args:
+        cdf: ``[T, V]`` float, non-decreasing rows.
+        table: ``[N]`` int64 in ``[0, T)``.
+        targets: ``[N]`` float, the dtype of ``cdf``.
+
+    Returns:
+        ``[N]`` int64 in ``[0, V]``; ``V`` where no entry of the row exceeds the target (the
+        caller resolves it).
+    """
+    order = torch.argsort(table.to(_label_dtype(cdf.shape[0])), stable=True)
+    sizes = torch.bincount(table, minlength=cdf.shape[0]).tolist()
     groups = torch.split(targets[order], sizes)
     found = [torch.searchsorted(cdf[row], group, right=True) for row, group in enumerate(groups)]
     index = torch.empty_like(table)
     index[order] = torch.cat(found)
-    _resolve_overflow(index, probs, table)
     return index

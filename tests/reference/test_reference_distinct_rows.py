@@ -1,15 +1,12 @@
-"""The reference chain verifier on distinct rows (the per-row path, chunked over the batch).
+"""The reference chain verifier on distinct rows (every row its own p and q).
 
-Rows that do not share memory take ``losslessness.reference.chain._verify_per_row``: chunks of
-rows, one law (the residual or p_k) per row, inverted by one vectorised search; contiguous
-float rows, as here, take it screened (``_verify_screened_rows``: the input validation fused
-into the chunks, pinned further in ``test_reference_screened_rows.py``). Pinned here:
+On CPU, rows that do not share memory are verified by the compiled kernel
+(``losslessness.reference.chain_kernel.verify_rows``, one pass per row; contiguous float rows,
+as here, screened: pinned further in ``test_reference_cpu_kernel.py``). Pinned here:
 
-- **Exact agreement with the shared-table path**: on distinct rows, over many ragged chunks,
-  float32 and float64, V up to 32,000, every row's output equals a shared-table call on that
-  row alone with the same uniforms. The shared path is unchanged, so the per-row path follows
-  the same law to the bit (and the audit, which hands the verifier dense rows and so runs the
-  per-row path, samples exactly what it sampled before this path was chunked).
+- **Exact agreement with the shared-table path**: on distinct rows, float32 and float64, V up
+  to 32,000, every row's output equals a shared-table call on that row alone with the same
+  uniforms (the audit hands the verifier dense rows, so it samples what the tables would).
 - **The law, statistically**: among steps reaching position i, the emitted token follows p_i
   (identity test, exact on ``p == 0`` cells), and after a rejection at i it follows
   ``norm(max(0, p_i - q_i))`` (the residual, a diagnostic law that localises a broken
@@ -19,7 +16,8 @@ into the chunks, pinned further in ``test_reference_screened_rows.py``). Pinned 
 - **Edge cases, exact**: a residual with no mass (p == q up to rounding, where the acceptance
   ratio rounds below 1 and a rejection does happen) draws from p, never from an all-zero row;
   a position with ``p_i == q_i`` accepts every draft; no token with ``p = 0`` is ever emitted,
-  including at the uniforms 0 and ``1 - 2**-53``; the chunk size, hence the memory, is bounded.
+  including at the uniforms 0 and ``1 - 2**-53``; the accelerators' torch path (run here on
+  CPU) works in chunks of bounded size.
 """
 
 from __future__ import annotations
@@ -49,8 +47,7 @@ VOCAB = 16
 K = 3
 STEPS_PER_ROW_TYPE = 6000
 """The statistical test's batch: ``ROW_TYPES`` distinct (p, q) pairs, interleaved (row ``b``
-has type ``b % ROW_TYPES``), ``STEPS_PER_ROW_TYPE`` steps each: 48,000 rows, about ten chunks
-of the per-row path (:func:`losslessness.reference.chain._rows_per_chunk`)."""
+has type ``b % ROW_TYPES``), ``STEPS_PER_ROW_TYPE`` steps each: 48,000 rows."""
 
 DTYPES = (torch.float64, torch.float32)
 
@@ -149,7 +146,6 @@ def _sample_distinct_rows(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tenso
     p, q = _row_types(dtype)
     target, draft = _interleaved(p, q, STEPS_PER_ROW_TYPE)
     assert not shares_rows(target, draft)
-    assert chain._rows_per_chunk(K, VOCAB) < target.shape[0] // 4, "the batch spans chunks"
     generator = torch.Generator().manual_seed(SEED + 1)
     ids = _drafts(draft, generator)
     return verify(target, draft, ids, generator), p, q
@@ -160,7 +156,7 @@ def test_distinct_rows_emit_p_i_at_every_reached_position_and_the_residual_after
     dtype: torch.dtype,
 ) -> None:
     """Statistical, each assertion at level :data:`ALPHA`: on 8 distinct row types x 6,000
-    steps through the chunked per-row path, the token emitted at every reached position
+    steps through the per-row kernel, the token emitted at every reached position
     follows p_i, and the token emitted after a rejection at i follows the residual (exact on
     zero-mass cells: no token with p = 0, or outside the residual's support, ever appears).
     At n = 6,000, position 0's test detects a TV of about 0.07 with power 0.9 (pinned)."""
@@ -176,19 +172,29 @@ def test_the_distinct_row_law_test_fails_a_path_that_resamples_rejections_from_p
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Power: the test above, run on a mutant of the per-row path whose correction token is
-    drawn from p instead of the residual (a classic lossy bug: the emitted law becomes
+    redrawn from p instead of the residual (a classic lossy bug: the emitted law becomes
     ``min(p, q) + (1 - alpha) p``), fails on most row types. Same seeds, so deterministic."""
 
-    def from_p(
-        target_rows: torch.Tensor,
-        draft_rows: torch.Tensor,
-        bonus: torch.Tensor,
-        sample_uniforms: torch.Tensor,
-        row_sums: tuple[torch.Tensor, torch.Tensor] | None = None,
-    ) -> torch.Tensor:
-        return sample_inverse_cdf(target_rows.double(), sample_uniforms)
+    kernel_rows = chain._kernel_rows
 
-    monkeypatch.setattr(chain, "_final_tokens", from_p)
+    def from_p(
+        target_probs: torch.Tensor,
+        draft_probs: torch.Tensor,
+        draft_token_ids: torch.Tensor,
+        accept_uniforms: torch.Tensor,
+        sample_uniforms: torch.Tensor,
+    ) -> tuple[torch.Tensor, object]:
+        emitted, facts = kernel_rows(
+            target_probs, draft_probs, draft_token_ids, accept_uniforms, sample_uniforms
+        )
+        k = draft_token_ids.shape[1]
+        stop = (emitted != PLACEHOLDER).sum(dim=1) - 1
+        rejected = torch.nonzero(stop < k).squeeze(1)
+        rows = target_probs[rejected, stop[rejected]].double()
+        emitted[rejected, stop[rejected]] = sample_inverse_cdf(rows, sample_uniforms[rejected])
+        return emitted, facts
+
+    monkeypatch.setattr(chain, "_kernel_rows", from_p)
     output, p, q = _sample_distinct_rows(torch.float64)
     failures, _ = _law_failures(output, p, q, ALPHA)
     assert len(failures) >= MUTANT_MIN_FAILURES, failures
@@ -222,34 +228,22 @@ def _row_by_row(
 
 
 @pytest.mark.parametrize(
-    ("vocab", "k", "dtype", "chunk_elements"),
+    ("vocab", "k", "dtype"),
     [
-        (16, 3, torch.float64, 7 * 16 * 7),
-        (16, 3, torch.float32, 7 * 16 * 5),
-        (300, 0, torch.float64, 300 * 3),
-        (1000, 2, torch.float32, 5 * 1000 * 4),
-        (32_000, 1, torch.float32, 3 * 32_000 * 2),
+        (16, 3, torch.float64),
+        (16, 3, torch.float32),
+        (300, 0, torch.float64),
+        (1000, 2, torch.float32),
+        (32_000, 1, torch.float32),
     ],
-    ids=[
-        "V16-k3-f64-chunk7",
-        "V16-k3-f32-chunk5",
-        "V300-k0-chunk3",
-        "V1000-k2-f32-chunk4",
-        "V32000-k1-f32-chunk2",
-    ],
+    ids=["V16-k3-f64", "V16-k3-f32", "V300-k0", "V1000-k2-f32", "V32000-k1-f32"],
 )
 def test_per_row_path_on_distinct_rows_equals_the_shared_path_row_by_row(
-    monkeypatch: pytest.MonkeyPatch,
-    vocab: int,
-    k: int,
-    dtype: torch.dtype,
-    chunk_elements: int | None,
+    vocab: int, k: int, dtype: torch.dtype
 ) -> None:
-    """Exact: on a batch of distinct rows (different p and q in every row, with zeros), cut
-    into ragged chunks, every row's output equals a shared-table call on that row alone with
-    the same uniforms, including the uniforms 0 and ``1 - 2**-53`` (the overflow case)."""
-    if chunk_elements is not None:
-        monkeypatch.setattr(chain, "PER_ROW_CHUNK_ELEMENTS", chunk_elements)
+    """Exact: on a batch of distinct rows (different p and q in every row, with zeros), every
+    row's output equals a shared-table call on that row alone with the same uniforms,
+    including the uniforms 0 and ``1 - 2**-53`` (the overflow case)."""
     batch = 61 if vocab < 10_000 else 7
     generator = torch.Generator().manual_seed(SEED + vocab + k)
     p = torch.rand((batch, k + 1, vocab), generator=generator, dtype=torch.float64) ** 3
@@ -263,7 +257,6 @@ def test_per_row_path_on_distinct_rows_equals_the_shared_path_row_by_row(
     uniforms.accept_uniforms[:3] = 0.0
     uniforms.sample_uniforms[:3] = 0.0
     uniforms.sample_uniforms[3:6] = 1.0 - 2.0**-53
-    assert chain._rows_per_chunk(k, vocab) < batch
     together = verify(target, draft, ids, generator, uniforms=uniforms)
     assert torch.equal(together, _row_by_row(target, draft, ids, uniforms))
     emitted = together != PLACEHOLDER
@@ -368,18 +361,18 @@ def _spy(calls: list[int], original: Callable[..., None]) -> Callable[..., None]
     return spy
 
 
-def test_per_row_path_covers_the_batch_in_chunks_of_the_stated_size(
+def test_accelerator_per_row_path_covers_the_batch_in_chunks_of_the_stated_size(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The chunking really happens, on the general per-row path (int32 ids keep the call off
-    the screened path) and on the screened one: a spy on each chunk function sees
-    ``ceil(B / rows)`` calls of ``rows`` rows (the last one ragged) covering the batch once."""
+    """The chunking of the accelerators' per-row path really happens (run here on CPU): a spy
+    on the chunk function sees ``ceil(B / rows)`` calls of ``rows`` rows (the last one
+    ragged) covering the batch once."""
     monkeypatch.setattr(chain, "PER_ROW_CHUNK_ELEMENTS", 7 * 16 * 10)
     p, q = _row_types(torch.float64)
     target, draft = _interleaved(p, q, 13)
     ids = _drafts(draft, torch.Generator().manual_seed(SEED))
-    for chunk_function, draft_ids in (("_verify_rows", ids.to(torch.int32)), ("_screen_rows", ids)):
-        calls: list[int] = []
-        monkeypatch.setattr(chain, chunk_function, _spy(calls, getattr(chain, chunk_function)))
-        verify(target, draft, draft_ids, torch.Generator().manual_seed(SEED))
-        assert calls == [10] * 10 + [4], chunk_function
+    uniforms = ChainUniforms.draw(ids.shape[0], K, torch.Generator().manual_seed(SEED))
+    calls: list[int] = []
+    monkeypatch.setattr(chain, "_verify_rows", _spy(calls, chain._verify_rows))
+    chain._verify_per_row(target, draft, ids, uniforms.accept_uniforms, uniforms.sample_uniforms)
+    assert calls == [10] * 10 + [4]

@@ -130,8 +130,8 @@ def test_per_row_path_on_distinct_rows_equals_row_by_row_shared_calls() -> None:
 def test_expanded_inputs_take_the_shared_path_and_materialised_ones_the_per_row_path(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The fast path is really taken: a spy on the paths records which one ran (contiguous
-    CPU float rows take the screened per-row path, other distinct rows the general one)."""
+    """The fast path is really taken: a spy on the CPU paths records which one ran (shared
+    rows the tables, distinct rows the compiled kernel, screened or validated first)."""
     taken: list[str] = []
 
     def spying_on(name: str) -> Callable[..., torch.Tensor]:
@@ -143,7 +143,7 @@ def test_expanded_inputs_take_the_shared_path_and_materialised_ones_the_per_row_
 
         return spy
 
-    for name in ("_verify_shared", "_verify_per_row", "_verify_screened_rows"):
+    for name in ("_verify_shared_cpu", "_kernel_rows", "_verify_screened"):
         monkeypatch.setattr(chain, name, spying_on(name))
     p, q = _pair(16, 2, torch.float64, SEED)
     generator = torch.Generator().manual_seed(SEED)
@@ -153,7 +153,12 @@ def test_expanded_inputs_take_the_shared_path_and_materialised_ones_the_per_row_
     verify(*expanded, ids, generator)
     verify(expanded[0].contiguous(), expanded[1].contiguous(), ids, generator)
     verify(expanded[0].contiguous(), expanded[1].contiguous(), ids.to(torch.int32), generator)
-    assert taken == ["_verify_shared", "_verify_screened_rows", "_verify_per_row"]
+    assert taken == [
+        "_verify_shared_cpu",
+        "_verify_screened",
+        "_kernel_rows",
+        "_kernel_rows",
+    ]
     assert not shares_rows(expanded[0].contiguous(), expanded[1])
 
 

@@ -1,38 +1,45 @@
-"""The screened distinct-row path of the reference chain verifier (validation fused into chunks).
+"""The reference chain verifier on CPU: the compiled kernel, its tables and its screening.
 
-Contiguous CPU float32/float64 inputs with distinct rows take
-``losslessness.reference.chain._verify_screened``: the protocol's value checks are made chunk
-by chunk on the way (the verifier's own float64 row sums, one scan for the smallest entry, the
-drafted entries of q), instead of a separate validation that reads the whole input twice.
-Pinned here, all exact:
+On CPU, distinct rows are verified by ``losslessness.reference.chain_kernel.verify_rows`` (one
+pass per row, on one or more threads) and shared rows from ``chain_kernel.final_tables``, with
+the same float64 arithmetic; contiguous float32/float64 inputs with int64 ids are *screened*
+(``chain._verify_screened``): the protocol's value checks are made on what the kernel reads,
+instead of a separate validation that reads the whole input twice. Pinned here, all exact:
 
 - **Which calls take it**: exactly the inputs :func:`chain._screenable` describes; anything
-  else (expanded rows, other dtypes, layouts, devices, ids, k = 0) takes the general path.
-- **Same outputs**: for the same uniforms, the screened path, the general per-row path
-  (validated first, unscreened chunks) and the shared-table path on each row alone emit the
-  same tokens, over ragged chunks, float32 and float64, V from 1 to 1,000; ``verify`` with a
-  generator equals ``verify_with_uniforms`` fed the generator's own uniforms. The law itself is
-  pinned statistically by ``test_reference_distinct_rows.py``, whose batches take this path.
+  else (expanded rows, other dtypes, layouts, ids, k = 0) is validated first.
+- **Same outputs**: for the same uniforms, the screened call, the validated call (int32 ids,
+  non-contiguous, float16/bfloat16 or mixed-precision inputs, converted exactly), the thread
+  split, and the shared-table path on each row alone emit the same tokens, float32 and
+  float64, V from 1 to 1,000, including the uniforms 0 and ``1 - 2**-53``; ``verify`` with a
+  generator equals ``verify_with_uniforms`` fed the generator's own uniforms. The law itself
+  is pinned statistically by ``test_reference_distinct_rows.py``, whose batches take this path.
+- **The stated arithmetic**: the kernel's row sums are the four-accumulator sums its docstring
+  states; its tokens agree with the accelerators' torch arithmetic (run here on CPU) on
+  random rows, as two roundings of one rule must away from decision boundaries.
 - **Same errors**: every malformed value (NaN, +inf, -inf, negative mass, even ``-1e-300``
   that leaves the row sum unchanged, a row sum off by more than the tolerance, a draft on a zero
-  of q), in the first or a later chunk, raises exactly the ``InvalidInputError`` of
+  of q), in the first or the second thread's rows, raises exactly the ``InvalidInputError`` of
   ``validate_chain_inputs`` (same argument, same message), and ``verify`` leaves the generator
-  as it found it; malformed uniforms are reported after malformed probabilities, as before.
-- **The shared sums are the validator's and the final law's**: a row's float64 sum does not
-  depend on the tensor it sits in, so the sums of the stopping rows taken from the chunk's sums
-  equal the ones ``_final_tokens`` would compute.
+  as it found it; malformed uniforms are reported after malformed probabilities.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
 
 import losslessness.reference.chain as chain
 from losslessness.protocol import InvalidInputError, validate_chain_inputs
-from losslessness.reference import ChainUniforms, sample_inverse_cdf, verify, verify_with_uniforms
+from losslessness.reference import (
+    ChainUniforms,
+    chain_kernel,
+    sample_inverse_cdf,
+    verify,
+    verify_with_uniforms,
+)
 
 SEED = 20261124
 """Root of every random tensor in this file."""
@@ -114,28 +121,49 @@ def test_contiguous_cpu_float_inputs_take_the_screened_path_and_others_do_not(
     assert taken == ["screened"] * 3
 
 
+@pytest.fixture
+def two_threads(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Two torch threads and a thread per 16 rows, so small batches split across threads."""
+    monkeypatch.setattr(chain, "MIN_ROWS_PER_THREAD", 16)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+def _validated_variants(
+    target: torch.Tensor, draft: torch.Tensor, ids: torch.Tensor
+) -> dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """The same inputs in forms that skip the screening: int32 ids, non-contiguous rows."""
+    padded = (torch.cat([target, target], dim=-1), torch.cat([draft, draft], dim=-1))
+    vocab = target.shape[-1]
+    return {
+        "int32 ids": (target, draft, ids.to(torch.int32)),
+        "non-contiguous": (padded[0][..., :vocab], padded[1][..., :vocab], ids),
+    }
+
+
 @pytest.mark.parametrize(
-    ("vocab", "k", "dtype", "chunk_elements"),
+    ("vocab", "k", "dtype"),
     [
-        (1, 1, torch.float64, 9),
-        (2, 3, torch.float32, 7 * 2 * 4),
-        (7, 4, torch.float64, 9 * 7 * 5),
-        (32, 4, torch.float32, 9 * 32 * 11),
-        (1000, 2, torch.float64, 5 * 1000 * 3),
+        (1, 1, torch.float64),
+        (2, 3, torch.float32),
+        (7, 4, torch.float64),
+        (32, 4, torch.float32),
+        (1000, 2, torch.float64),
     ],
     ids=["V1-k1-f64", "V2-k3-f32", "V7-k4-f64", "V32-k4-f32", "V1000-k2-f64"],
 )
-def test_screened_path_equals_the_general_per_row_path_and_the_shared_path(
-    monkeypatch: pytest.MonkeyPatch,
-    vocab: int,
-    k: int,
-    dtype: torch.dtype,
-    chunk_elements: int,
+@pytest.mark.parametrize("threads", [1, 2], ids=["one-thread", "two-threads"])
+def test_screened_path_equals_the_validated_path_and_the_shared_path(
+    request: pytest.FixtureRequest, vocab: int, k: int, dtype: torch.dtype, threads: int
 ) -> None:
-    """Exact, same uniforms, ragged chunks: the screened path's output equals the general
-    per-row path's (validated, unscreened) and, row by row, a shared-table call on that row
-    alone (``p[b].expand``), including the uniforms 0 and ``1 - 2**-53``."""
-    monkeypatch.setattr(chain, "PER_ROW_CHUNK_ELEMENTS", chunk_elements)
+    """Exact, same uniforms: the screened call's output equals the validated call's (int32
+    ids, non-contiguous rows) and, row by row, a shared-table call on that row alone
+    (``p[b].expand``), on one thread or split over two, including the uniforms 0 and
+    ``1 - 2**-53``."""
+    if threads == 2:
+        request.getfixturevalue("two_threads")
     batch = 47
     target, draft, ids, generator = _inputs(batch, k, vocab, dtype, SEED + vocab + k)
     uniforms = ChainUniforms.draw(batch, k, generator)
@@ -143,12 +171,10 @@ def test_screened_path_equals_the_general_per_row_path_and_the_shared_path(
     uniforms.sample_uniforms[:3] = 0.0
     uniforms.sample_uniforms[3:6] = 1.0 - 2.0**-53
     assert chain._screenable(target, draft, ids)
-    assert 1 < chain._rows_per_chunk(k, vocab) < batch
     screened = verify(target, draft, ids, generator, uniforms=uniforms)
-    general = chain._verify_per_row(
-        target, draft, ids, uniforms.accept_uniforms, uniforms.sample_uniforms
-    )
-    assert torch.equal(screened, general)
+    for name, inputs in _validated_variants(target, draft, ids).items():
+        assert not chain._screenable(*inputs)
+        assert torch.equal(verify(*inputs, generator, uniforms=uniforms), screened), name
     for b in range(batch):
         alone = verify_with_uniforms(
             target[b : b + 1].expand(3, -1, -1),
@@ -158,6 +184,97 @@ def test_screened_path_equals_the_general_per_row_path_and_the_shared_path(
             uniforms.sample_uniforms[b : b + 1].expand(3),
         )
         assert torch.equal(alone[0], screened[b]), f"row {b}"
+
+
+@pytest.mark.parametrize(
+    ("target_dtype", "draft_dtype", "kernel_dtype"),
+    [
+        (torch.float16, torch.float16, torch.float32),
+        (torch.bfloat16, torch.float32, torch.float32),
+        (torch.float32, torch.float64, torch.float64),
+    ],
+    ids=["f16", "bf16-f32", "f32-f64"],
+)
+def test_narrow_and_mixed_precision_inputs_are_verified_as_their_exact_conversions(
+    target_dtype: torch.dtype, draft_dtype: torch.dtype, kernel_dtype: torch.dtype
+) -> None:
+    """Exact: float16/bfloat16 inputs equal their (exact) float32 conversions, and a float32
+    input beside a float64 one equals its float64 conversion, on distinct and shared rows."""
+    generator = torch.Generator().manual_seed(SEED + 7)
+
+    def dyadic_rows(positions: int, dtype: torch.dtype) -> torch.Tensor:
+        # Multiples of 1/256 summing to 1: exact in float16 and bfloat16.
+        draws = torch.randint(0, 24, (60, positions, 256), generator=generator)
+        counts = torch.zeros((60, positions, 24), dtype=torch.float64)
+        counts.scatter_add_(2, draws, torch.ones_like(draws, dtype=torch.float64))
+        return (counts / 256).to(dtype)
+
+    target, draft = dyadic_rows(4, target_dtype), dyadic_rows(3, draft_dtype)
+    ids = torch.stack(
+        [
+            sample_inverse_cdf(
+                draft[:, i].double(), torch.rand(60, generator=generator, dtype=torch.float64)
+            )
+            for i in range(3)
+        ],
+        dim=1,
+    )
+    uniforms = ChainUniforms.draw(60, 3, generator)
+    converted = (target.to(kernel_dtype), draft.to(kernel_dtype), ids)
+    assert torch.equal(
+        verify(target, draft, ids, generator, uniforms=uniforms),
+        verify(*converted, generator, uniforms=uniforms),
+    )
+    shared = (target[:1].expand(60, -1, -1), draft[:1].expand(60, -1, -1))
+    assert torch.equal(
+        verify(*shared, ids[:1].expand(60, -1), generator, uniforms=uniforms),
+        verify(
+            shared[0].to(kernel_dtype),
+            shared[1].to(kernel_dtype),
+            ids[:1].expand(60, -1),
+            generator,
+            uniforms=uniforms,
+        ),
+    )
+
+
+@pytest.mark.parametrize("vocab", [1, 3, 4, 5, 31, 32, 33, 257])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
+def test_kernel_row_sums_are_the_stated_four_accumulator_sums(
+    vocab: int, dtype: torch.dtype
+) -> None:
+    """Exact: ``chain_kernel.row_sums`` is ``(a0 + a1) + (a2 + a3)`` with ``a_r`` the
+    sequential float64 sum of the entries ``j = r (mod 4)`` (the tail in ``a0``), the order
+    both CPU paths rely on."""
+    rows = torch.rand((6, vocab), generator=torch.Generator().manual_seed(SEED + vocab))
+    rows = rows.to(dtype)
+    got = chain_kernel.row_sums(rows.numpy())
+    for r, row in enumerate(rows.tolist()):
+        full = vocab - vocab % 4
+        lanes = [0.0, 0.0, 0.0, 0.0]
+        for j in range(full):
+            lanes[j % 4] += row[j]
+        for j in range(full, vocab):
+            lanes[0] += row[j]
+        assert got[r] == (lanes[0] + lanes[1]) + (lanes[2] + lanes[3])
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
+def test_kernel_agrees_with_the_accelerators_torch_arithmetic_on_random_rows(
+    dtype: torch.dtype,
+) -> None:
+    """The two arithmetics of one rule (compiled on CPU, torch ops on accelerators, here run on
+    CPU) emit the same tokens on 2,000 random rows of V = 32, k = 4: they differ in rounding
+    only, so a disagreement needs a uniform within a few ulps of a boundary (about 1e-13 of
+    the rows here). A divergence beyond rounding in either path fails this."""
+    target, draft, ids, generator = _inputs(2000, 4, 32, dtype, SEED + 8)
+    uniforms = ChainUniforms.draw(2000, 4, generator)
+    assert torch.equal(
+        verify(target, draft, ids, generator, uniforms=uniforms),
+        chain._verify_per_row(
+            target, draft, ids, uniforms.accept_uniforms, uniforms.sample_uniforms
+        ),
+    )
 
 
 def test_screened_verify_draws_the_generators_uniforms_as_verify_with_uniforms_uses_them() -> None:
@@ -212,16 +329,17 @@ CORRUPTIONS = [
 ]
 
 
-@pytest.mark.parametrize("row", [0, 251], ids=["first-chunk", "later-chunk"])
+@pytest.mark.parametrize("row", [0, 251], ids=["first-thread", "second-thread"])
 @pytest.mark.parametrize("name", CORRUPTIONS)
+@pytest.mark.usefixtures("two_threads")
 def test_malformed_values_raise_the_validators_own_error_and_leave_the_generator_alone(
-    monkeypatch: pytest.MonkeyPatch, name: str, row: int
+    name: str, row: int
 ) -> None:
-    """Exact: a malformed value in the first or a later chunk makes the screened call raise the
+    """Exact: a malformed value in the first or the second thread's rows makes the screened
+    call raise the
     very ``InvalidInputError`` of ``validate_chain_inputs`` (argument and message), from
     ``verify`` (generator state unchanged) and from ``verify_with_uniforms``. A negative entry
     of ``-1e-300``, which leaves its row sum unchanged, is caught too."""
-    monkeypatch.setattr(chain, "PER_ROW_CHUNK_ELEMENTS", 9 * 16 * 40)
     target, draft, ids, _ = _inputs(300, 4, 16, torch.float64, SEED + 3)
     _corrupt(name, target, draft, ids, row)
     assert chain._screenable(target, draft, ids)
@@ -259,49 +377,11 @@ def test_malformed_uniforms_are_reported_after_malformed_probabilities() -> None
 
 def test_negative_zero_entries_are_valid_on_the_screened_path() -> None:
     """Exact: ``-0.0`` is no negative mass for the validator, nor for the screened path, whose
-    output then equals the general path's."""
+    output then equals the validated path's."""
     target, draft, ids, generator = _inputs(40, 2, 8, torch.float64, SEED + 5)
     target[target == 0] = -0.0
     validate_chain_inputs(target, draft, ids)
     uniforms = ChainUniforms.draw(40, 2, generator)
     screened = verify(target, draft, ids, generator, uniforms=uniforms)
-    general = chain._verify_per_row(
-        target, draft, ids, uniforms.accept_uniforms, uniforms.sample_uniforms
-    )
-    assert torch.equal(screened, general)
-
-
-@pytest.mark.parametrize("vocab", [1, 3, 8, 31, 32, 33, 257, 32_000])
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
-def test_a_rows_float64_sum_is_the_same_in_the_chunk_and_gathered_alone(
-    vocab: int, dtype: torch.dtype
-) -> None:
-    """Exact: ``_row_sums`` of a ``[c, m, V]`` chunk, read at one position per row, equals the
-    sum of that row gathered alone into ``[c, V]`` and of the row as ``[1, V]`` (the shared
-    path's tables), to the bit, so the screened path may hand its sums to ``_final_tokens``."""
-    generator = torch.Generator().manual_seed(SEED + vocab)
-    rows, positions = 13, 5
-    chunk = torch.rand((rows, positions, vocab), generator=generator, dtype=torch.float64).to(dtype)
-    position = torch.randint(0, positions, (rows,), generator=generator)
-    sums = chain._row_sums(chunk, torch.float64).gather(1, position.unsqueeze(1)).squeeze(1)
-    gathered = chunk[torch.arange(rows), position]
-    assert torch.equal(sums, gathered.to(torch.float64).sum(dim=-1))
-    for b in range(rows):
-        alone = chunk[b, int(position[b])].unsqueeze(0)
-        assert torch.equal(sums[b : b + 1], alone.sum(dim=-1, dtype=torch.float64))
-
-
-def test_final_tokens_with_the_callers_row_sums_equal_final_tokens_without_them() -> None:
-    """Exact: ``_final_tokens`` given the rows' float64 sums equals the same call computing
-    them, on rows mixing bonus rows, residuals with mass and residuals without."""
-    generator = torch.Generator().manual_seed(SEED + 6)
-    p = torch.rand((200, 12), generator=generator, dtype=torch.float64)
-    q = torch.rand((200, 12), generator=generator, dtype=torch.float64)
-    q[::7] = p[::7]
-    bonus = torch.rand(200, generator=generator) < 0.3
-    uniforms = torch.rand(200, generator=generator, dtype=torch.float64)
-    sums = (p.sum(dim=-1, keepdim=True), q.sum(dim=-1, keepdim=True))
-    assert torch.equal(
-        chain._final_tokens(p.clone(), q.clone(), bonus, uniforms, sums),
-        chain._final_tokens(p.clone(), q.clone(), bonus, uniforms),
-    )
+    validated = verify(target, draft, ids.to(torch.int32), generator, uniforms=uniforms)
+    assert torch.equal(screened, validated)
