@@ -49,6 +49,7 @@ import dataclasses
 import math
 import multiprocessing
 import os
+import pickle
 import platform
 import time
 from collections import defaultdict
@@ -509,6 +510,13 @@ where the method applies) and false-alarm rate on the sampled lossless controls,
 {% for name, (what, source) in descriptions.items() -%}
 | `{{ name }}` | {{ what }} | {{ source }} |
 {% endfor %}
+What each peer cannot see, by construction (not measured): with one-hot targets every
+lossless rule, and every wrong rule that is right whenever p puts all its mass on one token,
+gives the same output, so `sglang-structural` sees only mechanisms that change the output on
+one-hot targets (a final token drawn from the wrong row, a wrong child followed); since it
+compares the accepted nodes too, it also fails a lossless verifier that accepts fewer drafts.
+`first-token-chi-square` reads one token per step, emitted at the root: a mechanism acting
+only at deeper nodes leaves it unchanged.
 {% for budget in m.budgets %}
 ### Tree detection rates at n = {{ budget }} verification steps
 
@@ -787,7 +795,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--jobs", type=int, default=1, help="worker processes (one entry each)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--save", type=Path, default=None,
+                        help="also pickle the measurement here (for --render-from)")
+    parser.add_argument("--render-from", type=Path, default=None,
+                        help="render a measurement saved by --save instead of measuring")
     arguments = parser.parse_args(argv)
+    if arguments.render_from is not None:
+        with arguments.render_from.open("rb") as handle:
+            saved = pickle.load(handle)  # a file this script wrote (--save)
+        write_section(arguments.out, saved["measurement"],
+                      [MUTANTS[name] for name in saved["entries"]], saved["command"],
+                      saved["started"])
+        return
     if any(budget < 1 for budget in arguments.budgets):
         parser.error("--budgets: every budget must be >= 1")
     if arguments.seeds < 1 or arguments.seeds_at_largest < 1 or arguments.false_alarm_seeds < 0:
@@ -821,12 +840,24 @@ def main(argv: Sequence[str] | None = None) -> None:
         + (f" --entries {' '.join(arguments.entries)}" if arguments.entries else "")
         + "`"
     )
+    if arguments.save is not None:
+        with arguments.save.open("wb") as handle:
+            pickle.dump({"measurement": measurement, "entries": [e.name for e in entries],
+                         "command": command, "started": started}, handle)
+    write_section(arguments.out, measurement, entries, command, started)
+
+
+def write_section(
+    out: Path, measurement: Measurement, entries: Sequence[Mutant], command: str, started: str
+) -> None:
+    """Render ``measurement`` and splice it into ``out`` (:func:`splice_section`), creating
+    the file when absent."""
     text = render_markdown(measurement, entries, command, started)
     section = "\n".join(line.rstrip() for line in text.splitlines())
-    arguments.out.parent.mkdir(parents=True, exist_ok=True)
-    existing = arguments.out.read_text() if arguments.out.exists() else ""
-    arguments.out.write_text(splice_section(existing, section))
-    print(f"wrote the tree section of {arguments.out} in {measurement.wall_time_s:.0f} s")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    existing = out.read_text() if out.exists() else ""
+    out.write_text(splice_section(existing, section))
+    print(f"wrote the tree section of {out} (measured in {measurement.wall_time_s:.0f} s)")
 
 
 if __name__ == "__main__":
