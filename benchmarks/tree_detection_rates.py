@@ -19,10 +19,10 @@ verification steps, each method decides on the entry's own case, over many seeds
 
 The budgets of one seed are nested prefixes of one run (steps are independent, so a prefix of n
 steps is distributed as an n-step run); different seeds are independent runs. The largest
-budget costs ten times the next one, so it runs on the first ``--seeds-at-largest`` seeds only
-(each of those seeds is one run of the largest budget, the others one run of the next). The
-lossless controls are also run over ``--false-alarm-seeds`` seeds at ``--false-alarm-budget``
-steps, for the false-alarm rates with Clopper-Pearson intervals.
+budget costs ten times the next one: ``--seeds-at-largest`` (default: every seed) runs it on
+the first seeds only (each of those seeds is one run of the largest budget, the others one run
+of the next). The lossless controls are also run over ``--false-alarm-seeds`` seeds at
+``--false-alarm-budget`` steps, for the false-alarm rates with Clopper-Pearson intervals.
 
 The steps are drawn in calls of :data:`SAMPLING_BATCH` trees instead of the case's 64 (the
 Python overhead per call dominates small calls). Every zoo verifier treats the trees of a call
@@ -89,11 +89,12 @@ RUN_SEED = 11
 """Run seed of the measurement (issue 11); every (entry, seed index) seed derives from it."""
 
 DEFAULT_BUDGETS = (1_000, 10_000, 100_000)
-DEFAULT_SEEDS = 20
-DEFAULT_SEEDS_AT_LARGEST = 5
-"""Seeds of the largest budget: 1e5 tree steps take about 10 s per entry on one core."""
-DEFAULT_FALSE_ALARM_SEEDS = 150
-"""Per sampled control: the zoo's five make 750 false-alarm verdicts per method."""
+DEFAULT_SEEDS = 50
+"""Seeds per cell, every budget: one run of 1e5 tree steps takes 0.2-0.4 s with one torch
+thread on an idle core (7 s with two threads on the loaded two-core machine, hence
+``torch.set_num_threads(1)``)."""
+DEFAULT_FALSE_ALARM_SEEDS = 250
+"""Per sampled control: the zoo's five make 1250 false-alarm verdicts per method."""
 SAMPLING_BATCH = 4096
 """Trees per verifier call while sampling (see the module docstring)."""
 POWER = 0.9
@@ -401,6 +402,9 @@ def measure(
                   f"({len(parts)}/{len(chosen)})", flush=True)
 
     if jobs <= 1:
+        # One intra-op thread, as in the workers: on a shared machine torch's spinning threads
+        # slow the small tensor ops of the tree walks by an order of magnitude.
+        torch.set_num_threads(1)
         for entry in chosen:
             parts[entry.name] = measure_entry(entry.name, *arguments)
             report(entry.name)
@@ -702,10 +706,9 @@ def render_markdown(m: Measurement, entries: Sequence[Mutant], command: str, sta
     largest_note = ""
     if m.seeds[largest] < max(m.seeds.values()):
         largest_note = (
-            f"n = {largest} runs on {m.seeds[largest]} seeds only: one run of {largest} tree "
-            f"steps took {np.mean(m.sampling_s[largest]):.0f} s per entry on average here "
-            "(the tree mutants walk the tree in Python-level torch loops), too slow for more "
-            f"in this run's time; its rates are coarse (a rate of 1.00 on {m.seeds[largest]} "
+            f"n = {largest} runs on {m.seeds[largest]} seeds only (one run of {largest} tree "
+            f"steps took {np.mean(m.sampling_s[largest]):.1f} s per entry on average here); "
+            f"its rates are coarse (a rate of 1.00 on {m.seeds[largest]} "
             f"seeds bounds the true one only above "
             f"{clopper_pearson(m.seeds[largest], m.seeds[largest])[0]:.2f} at 95%)."
             if m.sampling_s.get(largest) else ""
@@ -778,8 +781,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     parser.add_argument("--budgets", type=int, nargs="+", default=list(DEFAULT_BUDGETS))
     parser.add_argument("--seeds", type=int, default=DEFAULT_SEEDS, help="seeds per cell")
-    parser.add_argument("--seeds-at-largest", type=int, default=DEFAULT_SEEDS_AT_LARGEST,
-                        help="seeds of the largest budget's cells")
+    parser.add_argument("--seeds-at-largest", type=int, default=None,
+                        help="seeds of the largest budget's cells (default: --seeds)")
     parser.add_argument(
         "--false-alarm-seeds",
         type=int,
@@ -809,6 +812,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
     if any(budget < 1 for budget in arguments.budgets):
         parser.error("--budgets: every budget must be >= 1")
+    if arguments.seeds_at_largest is None:
+        arguments.seeds_at_largest = arguments.seeds
     if arguments.seeds < 1 or arguments.seeds_at_largest < 1 or arguments.false_alarm_seeds < 0:
         parser.error("--seeds and --seeds-at-largest must be >= 1, --false-alarm-seeds >= 0")
     unknown = sorted(set(arguments.entries or ()) - set(tree_names))
