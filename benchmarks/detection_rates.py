@@ -52,6 +52,7 @@ from benchmarks.peers import (
     vllm_chi_square,
     vllm_histogram_l2,
 )
+from benchmarks.tree_detection_rates import BEGIN_MARKER as TREE_BEGIN_MARKER
 from losslessness.adapters.mutants import MUTANTS, Mutant
 from losslessness.cases import ChainCase, GreedyCase
 from losslessness.checks import check_greedy, count_statistical_assertions, run_chain_checks
@@ -755,7 +756,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     unknown = sorted(set(arguments.entries or ()) - set(MUTANTS))
     if unknown:
         parser.error(f"--entries: unknown {unknown}; known: {', '.join(MUTANTS)}")
-    entries = [MUTANTS[name] for name in (arguments.entries or MUTANTS)]
+    # The zoo's tree entries have their own script (benchmarks/tree_detection_rates.py).
+    chain_names = [n for n, e in MUTANTS.items() if isinstance(e.case, (ChainCase, GreedyCase))]
+    entries = [MUTANTS[name] for name in (arguments.entries or chain_names)]
     false_alarm_budget = arguments.false_alarm_budget or min(arguments.budgets)
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     print(
@@ -778,7 +781,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     arguments.out.parent.mkdir(parents=True, exist_ok=True)
     text = render_markdown(measurement, entries, command, started)
-    arguments.out.write_text("\n".join(line.rstrip() for line in text.splitlines()) + "\n")
+    text = "\n".join(line.rstrip() for line in text.splitlines()) + "\n"
+    # Keep the tree section that benchmarks/tree_detection_rates.py wrote (from its marker on).
+    old = arguments.out.read_text() if arguments.out.exists() else ""
+    if TREE_BEGIN_MARKER in old:
+        text += "\n" + old[old.index(TREE_BEGIN_MARKER) :]
+    arguments.out.write_text(text)
     print(f"wrote {arguments.out} in {measurement.wall_time_s:.0f} s")
 
 
