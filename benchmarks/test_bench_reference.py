@@ -16,9 +16,21 @@ ran before the kernel); ``validation_s`` in ``extra_info`` is the time of
 ``validate_chain_inputs`` alone (two passes over the input).
 
 Measured on the shared 2-core AMD EPYC development VM (32 MiB L3, ~28 GB/s from memory on one
-core), 2026-11-25, in million steps/s (B / seconds per call), best round / median round:
+core), 2026-11-25, load average about 1.1, in million steps/s (B / seconds per call), best
+round / median round (``pytest benchmarks/test_bench_reference.py -p no:randomly -n 0
+--benchmark-only``):
 
-RESULTS
+=============================  ==================  ==================
+configuration                  1 thread            2 threads
+=============================  ==================  ==================
+verify, f64                    5.15 / 5.11         6.67 / 6.09
+verify, f32                    4.30 / 4.30         5.71 / 5.39
+torch path (unvalidated), f64  2.19 / 2.02         2.96 / 2.74
+torch path (unvalidated), f32  2.11 / 2.05         2.98 / 2.79
+=============================  ==================  ==================
+
+In the same run, on 2 threads: shared rows (``V32``) 14.5 / 14.2, ``V32000`` 8.7 / 8.6,
+``V32-rows`` (materialised copies of one row, the kernel) 6.3 / 6.2.
 
 Goal: 5 million steps/s on distinct rows. Of the ~20 ms of a float64 call on one thread,
 about 3.5 ms draw the 5e5 uniforms from the generator (the protocol's draws, unchanged),

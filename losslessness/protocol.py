@@ -511,6 +511,8 @@ def validate_tree_inputs(
     token_ids: object,
     draft_scheme: object,
     generator: object = _NOT_GIVEN,
+    *,
+    check_values: bool = True,
 ) -> tuple[int, int, int]:
     """Validate the arguments of a tree verifier call (:class:`TreeVerifier`).
 
@@ -524,6 +526,10 @@ def validate_tree_inputs(
             every drafted token has q > 0 at its parent; ``without-replacement`` and ``top-k``
             siblings are distinct; ``top-k`` siblings are tokens of largest q at their parent.
         generator: must be a ``torch.Generator`` when given.
+        check_values: False skips the ``O(B N V)`` checks of the probabilities' values and of
+            the drafts against them (a caller that makes them itself on the way, as the CPU
+            reference does, then calls this again with True when one fails); the structure,
+            shapes, dtypes, ids' range, scheme and generator are always checked.
 
     Returns:
         ``(B, N, V)``.
@@ -554,6 +560,9 @@ def validate_tree_inputs(
         raise InvalidInputError(
             "draft_scheme", f"{draft_scheme!r} is not one of {', '.join(DRAFT_SCHEMES)}"
         )
+    if not check_values:
+        _require_generator(generator)
+        return batch, tree.shape[1], vocab
     validate_probability_rows("target_probs", target)
     if batch == 0:
         return batch, tree.shape[1], vocab
@@ -588,11 +597,15 @@ def validate_tree_inputs(
         _require_distinct_siblings(tree, ids, str(draft_scheme))
     if draft_scheme == "top-k":
         _require_top_k_siblings(tree, ids, draft, drafted)
+    _require_generator(generator)
+    return batch, tree.shape[1], vocab
+
+
+def _require_generator(generator: object) -> None:
     if generator is not _NOT_GIVEN and not isinstance(generator, torch.Generator):
         raise InvalidInputError(
             "generator", f"expected a torch.Generator, got {type(generator).__name__}"
         )
-    return batch, tree.shape[1], vocab
 
 
 def _require_distinct_siblings(parents: torch.Tensor, ids: torch.Tensor, scheme: str) -> None:

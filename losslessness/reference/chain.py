@@ -39,10 +39,8 @@ decision boundary.
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -57,6 +55,7 @@ from losslessness.reference.sampling import (
     sample_inverse_cdf_from_tables,
     search_grouped,
 )
+from losslessness.reference.threads import split_rows
 
 
 @dataclass(frozen=True)
@@ -324,11 +323,6 @@ def _verify_screened(
     return tokens
 
 
-MIN_ROWS_PER_THREAD = 1 << 14
-"""Rows below which a call to the compiled kernel stays on one thread: a thread's start and
-join cost about as much as verifying this many rows."""
-
-
 @dataclass(frozen=True)
 class _KernelFacts:
     """What :func:`losslessness.reference.chain_kernel.verify_rows` saw of its inputs: the
@@ -364,10 +358,9 @@ def _kernel_rows(
     accept_uniforms: torch.Tensor,
     sample_uniforms: torch.Tensor,
 ) -> tuple[torch.Tensor, _KernelFacts]:
-    """Every row verified by :func:`losslessness.reference.chain_kernel.verify_rows`, on
-    ``min(torch.get_num_threads(), B // MIN_ROWS_PER_THREAD)`` threads (at least one) over
-    contiguous slices of the batch (the kernel releases the GIL; each row's tokens depend only
-    on its own inputs and uniforms, so the split never changes them).
+    """Every row verified by :func:`losslessness.reference.chain_kernel.verify_rows`, split
+    over threads by :func:`losslessness.reference.threads.split_rows` (each row's tokens depend
+    only on its own inputs and uniforms, so the split never changes them).
 
     Args:
         target_probs: ``[B, k+1, V]`` CPU float (converted, exactly, to a contiguous
@@ -395,14 +388,7 @@ def _kernel_rows(
             p[rows], q[rows], ids.numpy()[rows], accept[rows], sample[rows], out[rows]
         )
 
-    threads = max(1, min(torch.get_num_threads(), batch // MIN_ROWS_PER_THREAD))
-    bounds = [batch * t // threads for t in range(threads + 1)]
-    slices = [slice(low, high) for low, high in itertools.pairwise(bounds)]
-    if threads == 1:
-        seen = [run(slices[0])]
-    else:
-        with ThreadPoolExecutor(threads) as pool:
-            seen = list(pool.map(run, slices))
+    seen = split_rows(batch, run)
     facts = _KernelFacts(
         smallest=min(s[0] for s in seen),
         worst_sum_error=_worst(s[1] for s in seen),

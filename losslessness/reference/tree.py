@@ -24,7 +24,13 @@ tokens follow the target (Miao et al. 2024, Thm. 4.2; Jeon et al. 2024, Thm. 3.1
 Greedy (:func:`verify_tree_greedy`): move to the lowest-index child whose token is the argmax of
 the target's logits at the current node; the final token is that argmax.
 
-Everything is vectorised over the batch (a loop over depth and sibling slot only) and computed in
+On CPU every row's tree is walked by the compiled kernel
+:func:`losslessness.reference.tree_kernel.verify_tree_rows` (one pass per row, split over
+``torch.get_num_threads()`` threads), which also makes the protocol's ``O(B N V)`` value checks
+on its way for float32/float64 inputs with int64 parents and ids (any failed check hands the
+call to :func:`losslessness.protocol.validate_tree_inputs`, which raises the protocol's error).
+Off CPU, :func:`_verify_tree_validated` computes the same rule with torch operations:
+everything is vectorised over the batch (a loop over depth and sibling slot only) and computed in
 float64 (float32 on ``mps``). Only the rows still trying a child are touched, and a row's
 residual is materialised (``[R, V]``) only once one of its children is rejected; before that the
 acceptance ratio reads single entries of the inputs. Randomness: ``B * N`` accept uniforms
@@ -34,19 +40,28 @@ generator.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
 import torch
 
 from losslessness.protocol import (
+    DRAFT_SCHEMES,
     PLACEHOLDER,
+    ROW_SUM_TOLERANCE,
     InvalidInputError,
     TreeOutput,
     tree_depths,
     validate_greedy_tree_inputs,
     validate_tree_inputs,
 )
+from losslessness.reference import tree_kernel
 from losslessness.reference.greedy import argmax_lowest_index
 from losslessness.reference.laws import residual_distribution
 from losslessness.reference.sampling import compute_dtype, sample_inverse_cdf
+from losslessness.reference.threads import split_rows
 
 
 def child_table(parents: torch.Tensor) -> torch.Tensor:
@@ -156,6 +171,10 @@ def verify_tree(
         InvalidInputError: see :func:`losslessness.protocol.validate_tree_inputs`; inputs on
             different devices.
     """
+    if _screenable(target_probs, draft_probs, parents, token_ids, generator):
+        return _verify_tree_screened(
+            target_probs, draft_probs, parents, token_ids, draft_scheme, generator
+        )
     batch, nodes, _ = validate_tree_inputs(
         target_probs, draft_probs, parents, token_ids, draft_scheme, generator
     )
@@ -171,10 +190,171 @@ def verify_tree(
                           device=generator.device).to(device)
     sample_u = torch.rand((batch,), generator=generator, dtype=dtype,
                           device=generator.device).to(device)
+    if device.type == "cpu":
+        return _kernel_tree(
+            target_probs, draft_probs, parents, token_ids, str(draft_scheme), accept_u, sample_u
+        )[0]
     return _verify_tree_validated(
         target_probs.to(dtype), draft_probs.to(dtype), parents.long(), token_ids.long(),
         draft_scheme, accept_u, sample_u,
     )
+
+
+_KERNEL_DTYPES = (torch.float32, torch.float64)
+
+
+def _screenable(
+    target_probs: object,
+    draft_probs: object,
+    parents: object,
+    token_ids: object,
+    generator: object,
+) -> bool:
+    """Whether a call may validate its values on the kernel's way (:func:`_verify_tree_screened`):
+    CPU float32/float64 probabilities, int64 parents and ids, a CPU ``torch.Generator``. The
+    structure and shapes are still checked first by the protocol's validator."""
+    tensors = (target_probs, draft_probs, parents, token_ids)
+    if not all(isinstance(t, torch.Tensor) and t.device.type == "cpu" for t in tensors):
+        return False
+    if not isinstance(generator, torch.Generator) or generator.device.type != "cpu":
+        return False
+    assert isinstance(target_probs, torch.Tensor) and isinstance(draft_probs, torch.Tensor)
+    assert isinstance(parents, torch.Tensor) and isinstance(token_ids, torch.Tensor)
+    return (
+        target_probs.dtype in _KERNEL_DTYPES
+        and draft_probs.dtype in _KERNEL_DTYPES
+        and parents.dtype == torch.int64
+        and token_ids.dtype == torch.int64
+    )
+
+
+def _verify_tree_screened(
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor,
+    parents: torch.Tensor,
+    token_ids: torch.Tensor,
+    draft_scheme: object,
+    generator: torch.Generator,
+) -> TreeOutput:
+    """:func:`verify_tree` with the ``O(B N V)`` value checks made by the kernel on its way.
+
+    The protocol's validator checks everything else first; the kernel then reports what it
+    saw of the values (:class:`_TreeFacts`), and any failed check calls the full validator,
+    which raises the protocol's own error (with the generator restored to its state before the
+    call). Should the full validator pass (the kernel's row sums may differ from its own in
+    the last bit), the tokens already drawn are returned.
+    """
+    batch, nodes, _ = validate_tree_inputs(
+        target_probs, draft_probs, parents, token_ids, draft_scheme, generator,
+        check_values=False,
+    )
+    state = generator.get_state()
+    accept_u = torch.rand((batch, nodes), generator=generator, dtype=torch.float64)
+    sample_u = torch.rand((batch,), generator=generator, dtype=torch.float64)
+    output, facts = _kernel_tree(
+        target_probs, draft_probs, parents, token_ids, str(draft_scheme), accept_u, sample_u
+    )
+    if not facts.passed(str(draft_scheme)):
+        try:
+            validate_tree_inputs(
+                target_probs, draft_probs, parents, token_ids, draft_scheme, generator
+            )
+        except InvalidInputError:
+            generator.set_state(state)
+            raise
+    return output
+
+
+@dataclass(frozen=True)
+class _TreeFacts:
+    """What :func:`losslessness.reference.tree_kernel.verify_tree_rows` saw of the values,
+    over every thread's rows (see its Returns)."""
+
+    smallest_target: float
+    worst_target_sum_error: float
+    smallest_draft: float
+    worst_draft_sum_error: float
+    smallest_drafted: float
+    repeated_siblings: bool
+    top_k_beaten: bool
+
+    def passed(self, scheme: str) -> bool:
+        """True iff the values pass the validator's checks for ``scheme``."""
+        return (
+            self.smallest_target >= 0
+            and self.worst_target_sum_error <= ROW_SUM_TOLERANCE
+            and self.smallest_draft >= 0
+            and self.worst_draft_sum_error <= ROW_SUM_TOLERANCE
+            and self.smallest_drafted > 0
+            and not (scheme != "iid" and self.repeated_siblings)
+            and not (scheme == "top-k" and self.top_k_beaten)
+        )
+
+
+def _kernel_array(probs: torch.Tensor) -> np.ndarray:
+    """A numpy view of CPU probabilities for the kernel (float16/bfloat16 converted, exactly,
+    to float32; any strides kept, so expanded inputs are not materialised)."""
+    if probs.dtype not in _KERNEL_DTYPES:
+        probs = probs.to(torch.float32)
+    return probs.detach().numpy()
+
+
+def _kernel_tree(
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor,
+    parents: torch.Tensor,
+    token_ids: torch.Tensor,
+    scheme: str,
+    accept_u: torch.Tensor,
+    sample_u: torch.Tensor,
+) -> tuple[TreeOutput, _TreeFacts]:
+    """Every row's tree verified by :func:`losslessness.reference.tree_kernel.verify_tree_rows`
+    on CPU, split over threads by :func:`losslessness.reference.threads.split_rows`.
+
+    Args:
+        target_probs, draft_probs: ``[B, N+1, V]`` CPU float (structure validated).
+        parents, token_ids: ``[B, N]`` CPU integers (validated).
+        scheme: a validated draft scheme.
+        accept_u: ``[B, N]`` CPU float64; sample_u: ``[B]`` CPU float64.
+
+    Returns:
+        The :class:`TreeOutput` and what the kernel saw of the values.
+    """
+    batch = parents.shape[0]
+    depth = _batch_depth(parents)
+    tokens = torch.empty((batch, depth + 1), dtype=torch.int64)
+    accepted = torch.empty((batch, depth), dtype=torch.int64)
+    p, q = _kernel_array(target_probs), _kernel_array(draft_probs)
+    tree = parents.to(torch.int64).contiguous().numpy()
+    ids = token_ids.to(torch.int64).contiguous().numpy()
+    accept = accept_u.to(torch.float64).contiguous().numpy()
+    sample = sample_u.to(torch.float64).contiguous().numpy()
+    out = (tokens.numpy(), accepted.numpy())
+    code = DRAFT_SCHEMES.index(scheme)
+
+    def run(rows: slice) -> tuple[float, float, float, float, float, bool, bool]:
+        return tree_kernel.verify_tree_rows(  # type: ignore[no-any-return]
+            p[rows], q[rows], tree[rows], ids[rows], code, accept[rows], sample[rows],
+            out[0][rows], out[1][rows],
+        )
+
+    seen = split_rows(batch, run) if batch else []
+    facts = _TreeFacts(
+        smallest_target=min((s[0] for s in seen), default=math.inf),
+        worst_target_sum_error=_worst(s[1] for s in seen),
+        smallest_draft=min((s[2] for s in seen), default=math.inf),
+        worst_draft_sum_error=_worst(s[3] for s in seen),
+        smallest_drafted=min((s[4] for s in seen), default=math.inf),
+        repeated_siblings=any(s[5] for s in seen),
+        top_k_beaten=any(s[6] for s in seen),
+    )
+    return TreeOutput(tokens, accepted), facts
+
+
+def _worst(errors: Iterable[float]) -> float:
+    """The largest error, NaN if any is NaN (0 for none)."""
+    values = list(errors)
+    return math.nan if any(math.isnan(v) for v in values) else max(values, default=0.0)
 
 
 def _verify_tree_validated(

@@ -32,6 +32,7 @@ import pytest
 import torch
 
 import losslessness.reference.chain as chain
+import losslessness.reference.threads as threads
 from losslessness.protocol import InvalidInputError, validate_chain_inputs
 from losslessness.reference import (
     ChainUniforms,
@@ -124,7 +125,7 @@ def test_contiguous_cpu_float_inputs_take_the_screened_path_and_others_do_not(
 @pytest.fixture
 def two_threads(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Two torch threads and a thread per 16 rows, so small batches split across threads."""
-    monkeypatch.setattr(chain, "MIN_ROWS_PER_THREAD", 16)
+    monkeypatch.setattr(threads, "MIN_ROWS_PER_THREAD", 16)
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     yield
