@@ -188,15 +188,16 @@ def greedy_verdicts(entry: Mutant) -> Detections:
     context = CheckContext.for_case(
         entry.adapter.name, case, alpha=DEFAULT_FAMILY_WISE_ALPHA, power=POWER, tv=DESIGN_TV, seed=0
     )
-    ours = check_greedy(entry.adapter.greedy, case, context).verdict is Verdict.LOSSY
     try:
         raw = entry.adapter.greedy(case.target_logits.clone(), case.draft_token_ids.clone())
         outputs = coerce_output(raw, case.draft_token_ids.shape[0], case.k)
+    except ProtocolViolation:
+        ours = structure = True
+    else:
+        ours = check_greedy(outputs, case, context).verdict is Verdict.LOSSY
         structure = flashinfer_structure(
             outputs[None], case.draft_token_ids.numpy()[None], case.vocab_size
         ).detected
-    except ProtocolViolation:
-        structure = True
     return {
         "ours": ours,
         "vllm-histogram-l2": None,
