@@ -118,7 +118,7 @@ from losslessness.protocol import (
 )
 from losslessness.reference import ChainUniforms
 from losslessness.reference.block import BLOCK_VERIFICATION
-from losslessness.reference.tree_layouts import to_sglang
+from losslessness.reference.tree_layouts import SglangTree, to_sglang
 
 SGLANG = EngineSpec(
     "sglang",
@@ -214,11 +214,7 @@ class SglangTreeSampler(KernelVerifier):
         if uniforms is None:
             uniforms = ChainUniforms.draw(batch, k, generator)
         device, nodes = self.device, k + 1
-        slots = torch.arange(batch * nodes, device=device, dtype=torch.int64).reshape(batch, nodes)
-        next_token = torch.arange(1, nodes + 1, device=device, dtype=torch.int64).repeat(batch, 1)
-        next_token[:, -1] = -1
-        candidates = torch.zeros((batch, nodes), dtype=torch.int64, device=device)
-        candidates[:, 1:] = draft_token_ids.to(device, torch.int64)
+        candidates, slots, next_token, sibling = _chain_layout(draft_token_ids, device)
         coins = torch.zeros((batch, nodes), dtype=torch.float32, device=device)
         coins[:, :k] = uniforms.accept_uniforms.to(device, torch.float32)
         predicts = torch.full((batch * nodes,), PLACEHOLDER, dtype=torch.int32, device=device)
@@ -231,7 +227,7 @@ class SglangTreeSampler(KernelVerifier):
             candidates,
             slots,
             next_token,
-            torch.full((batch, nodes), -1, dtype=torch.int64, device=device),
+            sibling,
             coins,
             uniforms.sample_uniforms.to(device, torch.float32).contiguous(),
             target_probs.to(device, torch.float32).contiguous(),
@@ -250,17 +246,23 @@ class SglangTreeSampler(KernelVerifier):
         return out
 
 
-def _chain_tree(
-    batch: int, k: int, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``retrive_index``, ``retrive_next_token``, ``retrive_next_sibling`` of ``batch`` chains
-    of ``k+1`` slots (int64 ``[B, k+1]``)."""
-    nodes = k + 1
-    slots = torch.arange(batch * nodes, dtype=torch.int64).reshape(batch, nodes)
-    next_token = torch.arange(1, nodes + 1, dtype=torch.int64).repeat(batch, 1)
-    next_token[:, -1] = -1
-    sibling = torch.full((batch, nodes), -1, dtype=torch.int64)
-    return slots.to(device), next_token.to(device), sibling.to(device)
+def _chain_layout(draft_token_ids: torch.Tensor, device: torch.device) -> SglangTree:
+    """SGLang's layout of a batch of chains (node i+1 the only child of node i, root token 0),
+    by :func:`losslessness.reference.tree_layouts.to_sglang`, on ``device``.
+
+    Args:
+        draft_token_ids: ``[B, k]`` integer drafts (validated).
+        device: where the kernels read the layout.
+
+    Returns:
+        :class:`SglangTree` of ``[B, k+1]`` int64 tensors.
+    """
+    batch, k = draft_token_ids.shape
+    parents = torch.arange(k, dtype=torch.int64).expand(batch, k)
+    layout = to_sglang(
+        parents, draft_token_ids.to(torch.int64).cpu(), torch.zeros(batch, dtype=torch.int64)
+    )
+    return SglangTree(*(tensor.to(device) for tensor in layout))
 
 
 def _emitted(
@@ -312,9 +314,7 @@ class SglangChainSampler(KernelVerifier):
         if uniforms is None:
             uniforms = ChainUniforms.draw(batch, k, generator)
         device, nodes = self.device, k + 1
-        slots, next_token, sibling = _chain_tree(batch, k, device)
-        candidates = torch.zeros((batch, nodes), dtype=torch.int64)
-        candidates[:, 1:] = draft_token_ids.to(torch.int64)
+        candidates, slots, next_token, sibling = _chain_layout(draft_token_ids, device)
         coins = torch.zeros((batch, nodes), dtype=torch.float32)
         coins[:, :k] = uniforms.accept_uniforms.to(torch.float32)
         predicts = torch.full((batch * nodes,), PLACEHOLDER, dtype=torch.int32, device=device)
@@ -538,9 +538,7 @@ class SglangGreedyVerifier(KernelVerifier):
         """
         batch, k, _ = validate_greedy_inputs(target_logits, draft_token_ids)
         device, nodes = self.device, k + 1
-        slots, next_token, sibling = _chain_tree(batch, k, device)
-        candidates = torch.zeros((batch, nodes), dtype=torch.int64)
-        candidates[:, 1:] = draft_token_ids.to(torch.int64)
+        candidates, slots, next_token, sibling = _chain_layout(draft_token_ids, device)
         target_predict = target_logits.argmax(dim=-1).to(torch.int64)
         predicts = torch.full((batch * nodes,), PLACEHOLDER, dtype=torch.int64, device=device)
         accept_index = torch.full((batch, nodes), PLACEHOLDER, dtype=torch.int64, device=device)

@@ -1,7 +1,8 @@
 """The tree property suite run as a user runs it (a pytest subprocess): the reference tree
-verifiers pass; a tree verifier that judges siblings against p instead of the residual, and a
-greedy one taking its final token from the parent, fail with the check, a small shrunk tree
-and a one-line replay command."""
+verifiers pass; every lossy tree mutant of the zoo (:data:`losslessness.adapters.tree_mutants.
+TREE_ZOO`) fails it with the check, a small shrunk tree and a one-line replay command; shown in
+detail for a tree verifier that judges siblings against p instead of the running residual, and
+a greedy one taking its final token from the parent."""
 
 from __future__ import annotations
 
@@ -13,16 +14,25 @@ from pathlib import Path
 
 import pytest
 
+from losslessness.adapters.tree_mutants import TREE_ZOO, TreeMutantSpec
 from losslessness.suite.tree_support import TREE_SMALL_VOCAB
 
 ROOT = Path(__file__).resolve().parents[2]
-WRONG_TREE = "tests.wrong_tree_verifiers:siblings_judged_against_p"
-WRONG_GREEDY_TREE = "tests.wrong_tree_verifiers:greedy_final_from_parent"
+MUTANTS_MODULE = "losslessness.adapters.tree_mutants"
+WRONG_TREE = f"{MUTANTS_MODULE}:iid_siblings_against_p"
+WRONG_GREEDY_TREE = f"{MUTANTS_MODULE}:greedy_final_from_parent"
+LOSSY_TREE_MUTANTS = [
+    spec
+    for spec in TREE_ZOO
+    if spec.lossy
+    and f"{MUTANTS_MODULE}:{spec.verifier.__name__}" not in (WRONG_TREE, WRONG_GREEDY_TREE)
+]
+"""The lossy tree mutants not already shown, in detail, by the two tests on ``wrong_run``."""
 
 
 def run_suite(*options: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    """pytest from an empty directory with the repository on PYTHONPATH (for
-    ``tests.wrong_tree_verifiers``); one torch thread, as the 2-core machine is shared."""
+    """pytest from an empty directory with the repository on PYTHONPATH; one torch thread, as
+    the 2-core machine is shared."""
     command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", *options]
     environment = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     environment.pop("LOSSLESSNESS_HYPOTHESIS_PROFILE", None)
@@ -70,7 +80,7 @@ def test_suite_fails_on_siblings_judged_against_p_with_a_shrunk_tree(wrong_run: 
     )
     assert match, wrong_run
     shape, nodes, _, vocab, scheme, parents = match.groups()
-    print(f"siblings_judged_against_p: shrunk to {shape} parents [{parents}] V={vocab} {scheme}")
+    print(f"iid_siblings_against_p: shrunk to {shape} parents [{parents}] V={vocab} {scheme}")
     assert 2 <= int(nodes) <= 3 and int(vocab) <= TREE_SMALL_VOCAB + 1
     assert re.search(r"seed \d+ \(derived from the case hash [0-9a-f]{12}\)", wrong_run)
     assert f"replay: pytest --losslessness-tree={WRONG_TREE} " in wrong_run
@@ -102,3 +112,24 @@ def test_tree_target_without_a_tree_verifier_is_a_usage_error(tmp_path: Path) ->
     assert "--losslessness-tree=losslessness.protocol:DRAFT_SCHEMES" in (
         result.stdout + result.stderr
     )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spec", LOSSY_TREE_MUTANTS, ids=[s.name for s in LOSSY_TREE_MUTANTS])
+def test_suite_fails_on_every_lossy_tree_mutant_with_a_shrunk_tree_and_a_replay_line(
+    spec: object, tmp_path: Path
+) -> None:
+    """Each lossy tree mutant of the zoo, given alone to its option (``--losslessness-tree``, or
+    ``--losslessness-tree-greedy`` for the greedy ones), fails the suite (ci profile) with a
+    LOSSY tree check, the shrunk tree's parents and a replay line naming it (minutes each:
+    Hypothesis shrinks every failure, hence ``slow``)."""
+    assert isinstance(spec, TreeMutantSpec)
+    option = "--losslessness-tree-greedy" if spec.greedy else "--losslessness-tree"
+    target = f"{MUTANTS_MODULE}:{spec.verifier.__name__}"  # type: ignore[union-attr]
+    result = run_suite("--losslessness-profile=ci", f"{option}={target}", cwd=tmp_path)
+    output = result.stdout + result.stderr
+    assert result.returncode == 1, output
+    assert "1 failed" in result.stdout, output
+    assert re.search(r"losslessness: LOSSY tree\.\w+", output), output
+    assert re.search(r"tree: parents \[[\d, ]+\]", output), output
+    assert f"replay: pytest {option}={target} " in output, output
