@@ -58,6 +58,10 @@ TREE_ASSERTIONS_PER_EXAMPLE = 1 + TREE_LAW_CLASSES
 """Statistical assertions one tree example makes at most: the law of the first token at the
 root and the law after each of at most :data:`TREE_LAW_CLASSES` depth-1 classes."""
 
+TREE_WITNESS_EXAMPLES = 4
+"""Explicit examples the tree test runs besides the generated ones
+(:data:`losslessness.suite.tree_support.TREE_WITNESS_CASES`), whatever the profile."""
+
 SUITE_ASSERTIONS_PER_EXAMPLE = CHAIN_ASSERTIONS_PER_EXAMPLE + TREE_ASSERTIONS_PER_EXAMPLE
 """Statistical assertions of one example of every statistical suite test (chain and tree): the
 union bound splits :data:`SUITE_FAMILY_WISE_ALPHA` over ``max_examples`` times this, whichever
@@ -71,7 +75,9 @@ class SuiteBudget:
     Attributes:
         profile: the settings profile's name.
         max_examples: generated examples per test.
-        assertions: ``max_examples * SUITE_ASSERTIONS_PER_EXAMPLE`` (chain and tree tests).
+        assertions: ``max_examples * SUITE_ASSERTIONS_PER_EXAMPLE`` (chain and tree tests)
+            plus ``TREE_WITNESS_EXAMPLES * TREE_ASSERTIONS_PER_EXAMPLE`` (the tree test's
+            explicit examples).
         per_assertion_alpha: ``SUITE_FAMILY_WISE_ALPHA / assertions`` (Bonferroni).
     """
 
@@ -84,7 +90,10 @@ class SuiteBudget:
 def suite_budget() -> SuiteBudget:
     """The budget for the profile loaded now (call it after the profile is loaded)."""
     max_examples = int(settings().max_examples)
-    assertions = max_examples * SUITE_ASSERTIONS_PER_EXAMPLE
+    assertions = (
+        max_examples * SUITE_ASSERTIONS_PER_EXAMPLE
+        + TREE_WITNESS_EXAMPLES * TREE_ASSERTIONS_PER_EXAMPLE
+    )
     profile = str(getattr(settings, "_current_profile", None) or "default")
     return SuiteBudget(profile, max_examples, assertions, SUITE_FAMILY_WISE_ALPHA / assertions)
 

@@ -7,13 +7,16 @@ tree verifiers, greedy decoding along the tree
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 
 from losslessness.cases import GreedyTreeCase, TreeCase
 from losslessness.protocol import GreedyTreeVerifier, TreeVerifier
 from losslessness.pytest_plugin import SuiteTarget
 from losslessness.suite.tree_support import (
+    TREE_WITNESS_CASES,
     greedy_tree_failure,
     run_tree_example,
     suite_greedy_tree_cases,
@@ -35,14 +38,23 @@ def greedy_tree_verifier(losslessness_target: SuiteTarget) -> GreedyTreeVerifier
     return losslessness_target.greedy_tree()
 
 
+def _with_witnesses(test: Callable[..., None]) -> Callable[..., None]:
+    """``test`` with every :data:`TREE_WITNESS_CASES` case as an explicit example."""
+    for case in reversed(TREE_WITNESS_CASES):
+        test = example(case=case)(test)
+    return test
+
+
 @settings(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(case=suite_tree_cases())
+@_with_witnesses
 def test_tree_verifier_is_lossless(
     case: TreeCase, tree_verifier: TreeVerifier, losslessness_target: SuiteTarget
 ) -> None:
     """Outputs are root paths of the tree with their tokens and -1 padding; the first emitted
     token follows p at the root and the token after each reached depth-1 class follows its p,
-    for every draft scheme, topology and regime of p and q."""
+    for every draft scheme, topology and regime of p and q (and first on the explicit witness
+    cases, where the schemes' rules differ most)."""
     run_tree_example(tree_verifier, case, losslessness_target.replay("test_tree_verifier"))
 
 

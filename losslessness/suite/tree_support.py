@@ -31,6 +31,7 @@ from losslessness.stats import identity_test
 from losslessness.suite.support import (
     SUITE_FAMILY_WISE_ALPHA,
     TREE_LAW_CLASSES,
+    TREE_WITNESS_EXAMPLES,
     SuiteBudget,
     _shorten,
     suite_budget,
@@ -55,6 +56,49 @@ GREEDY_TREE_MAX_VOCAB = 16
 
 GREEDY_TREE_MAX_BATCH = 4
 """Largest B of a generated greedy tree case."""
+
+
+def _witness(scheme: str, root_target: list[float], root_draft: list[float]) -> TreeCase:
+    """A star of three siblings at V = 4 under ``scheme`` with the given root laws; the depth-1
+    (leaf) rows are the root's rotated by the leaf's token."""
+    p = torch.tensor(root_target, dtype=torch.float64)
+    q = torch.tensor(root_draft, dtype=torch.float64)
+    vocab = p.shape[0]
+    target = torch.stack([p.roll(x) for x in range(vocab)]).unsqueeze(0)
+    draft = torch.stack([q.roll(x) for x in range(vocab)]).unsqueeze(0)
+    return TreeCase(
+        f"witness-{scheme}",
+        f"star N=3 D=1 V={vocab} {scheme}",
+        (0, 0, 0),
+        p,
+        q,
+        target,
+        draft,
+        scheme,
+        batch_size=TREE_BATCH,
+        tags=frozenset({"star", scheme, "witness"}),
+    )
+
+
+TREE_WITNESS_CASES: tuple[TreeCase, ...] = (
+    _witness("iid", [0.15, 0.15, 0.35, 0.35], [0.55, 0.35, 0.05, 0.05]),
+    _witness("iid", [0.2, 0.2, 0.3, 0.3], [0.1, 0.1, 0.7, 0.1]),
+    _witness("without-replacement", [0.2, 0.1, 0.3, 0.4], [0.1, 0.6, 0.2, 0.1]),
+    _witness("top-k", [0.2, 0.1, 0.3, 0.4], [0.1, 0.6, 0.2, 0.1]),
+)
+"""Explicit examples of the tree test, run by every profile before the generated ones: a star
+of three siblings at V = 4 whose q puts most of its mass where p puts little, under each draft
+scheme (``iid`` twice: q far from p, and q peaked on one token so siblings repeat it). There
+the published rules differ most: after a rejection the running residual moves far from p,
+i.i.d. siblings repeat the peak token, and a draw without replacement changes ``q'`` by the
+peak's mass. A verifier that skips the running residual or applies one scheme's rule to
+another's drafts is off by a root TV of 0.1 to 0.2 on one of them, which the suite's 4,000
+steps detect; random cases rarely concentrate q so (measured: none of 250 ``nightly``
+examples caught such a verifier). Counted in the suite's budget
+(:data:`losslessness.suite.support.TREE_WITNESS_EXAMPLES`)."""
+
+if len(TREE_WITNESS_CASES) != TREE_WITNESS_EXAMPLES:
+    raise ImportError("TREE_WITNESS_CASES and TREE_WITNESS_EXAMPLES disagree")
 
 
 @st.composite
