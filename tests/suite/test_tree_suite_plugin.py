@@ -56,8 +56,7 @@ def test_tree_suite_passes_on_the_reference(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def wrong_run(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """The suite's output on both wrong tree verifiers (one run, ci profile; about 13 minutes
-    on 2 cores, most of it Hypothesis shrinking the sampled law failure, hence ``slow``)."""
+    """The suite's output on both wrong tree verifiers (one run, ci profile; about 10 s)."""
     result = run_suite(
         "--losslessness-profile=ci",
         f"--losslessness-tree={WRONG_TREE}",
@@ -69,8 +68,7 @@ def wrong_run(tmp_path_factory: pytest.TempPathFactory) -> str:
     return result.stdout
 
 
-@pytest.mark.slow
-def test_suite_fails_on_siblings_judged_against_p_with_a_shrunk_tree(wrong_run: str) -> None:
+def test_suite_fails_on_iid_siblings_against_p_with_a_shrunk_tree(wrong_run: str) -> None:
     """The law check fails; the message shows a shrunk multi-draft tree (a node with two or
     three children, V at most TREE_SMALL_VOCAB + 1), p, q, the seed and a replay line."""
     match = re.search(
@@ -87,7 +85,6 @@ def test_suite_fails_on_siblings_judged_against_p_with_a_shrunk_tree(wrong_run: 
     assert "-k test_tree_verifier" in wrong_run
 
 
-@pytest.mark.slow
 def test_suite_fails_on_greedy_final_from_parent_with_a_shrunk_tree(wrong_run: str) -> None:
     """The greedy equality fails on one small tree (B = 1, at most 3 nodes), showing the tree,
     the logits, what greedy tree verification gives and what was obtained, and a replay line."""
@@ -114,15 +111,15 @@ def test_tree_target_without_a_tree_verifier_is_a_usage_error(tmp_path: Path) ->
     )
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("spec", LOSSY_TREE_MUTANTS, ids=[s.name for s in LOSSY_TREE_MUTANTS])
 def test_suite_fails_on_every_lossy_tree_mutant_with_a_shrunk_tree_and_a_replay_line(
     spec: object, tmp_path: Path
 ) -> None:
     """Each lossy tree mutant of the zoo, given alone to its option (``--losslessness-tree``, or
     ``--losslessness-tree-greedy`` for the greedy ones), fails the suite (ci profile) with a
-    LOSSY tree check, the shrunk tree's parents and a replay line naming it (minutes each:
-    Hypothesis shrinks every failure, hence ``slow``)."""
+    LOSSY tree check, the shrunk tree's parents and a replay line naming it (5-10 s each,
+    about 50 s for the greedy one, whose failure Hypothesis shrinks; 117 s for all eleven
+    on one core)."""
     assert isinstance(spec, TreeMutantSpec)
     option = "--losslessness-tree-greedy" if spec.greedy else "--losslessness-tree"
     target = f"{MUTANTS_MODULE}:{spec.verifier.__name__}"  # type: ignore[union-attr]
