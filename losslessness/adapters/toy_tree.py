@@ -3,7 +3,8 @@
 
 ``losslessness audit toy-tree`` audits :func:`adapter`: an EAGLE-2-like dynamic tree, a
 Medusa-like static tree (``tree_choices`` :data:`MEDUSA_CHOICES`), a SpecInfer-like i.i.d.
-multi-draft, and the dynamic tree decoded greedily. Every target runs
+multi-draft, an MCSD-like multi-draft without replacement, and the dynamic tree decoded
+greedily. Every target runs
 :class:`~losslessness.reference.tree_decoding.TreeSpeculativeDecoder` with the reference tree
 verifiers (:mod:`losslessness.reference.tree`), so the audit must find them LOSSLESS (the
 sampled ones on the sequence law, the greedy one equal to greedy decoding) with drafts accepted
@@ -17,7 +18,7 @@ from losslessness.adapters.toy import toy_models
 from losslessness.reference.processing import SamplingParameters
 from losslessness.reference.tree_decoding import (
     DynamicTreeProposer,
-    IidMultiDraftProposer,
+    MultiDraftProposer,
     StaticTreeProposer,
     TreeSpeculativeDecoder,
 )
@@ -27,7 +28,7 @@ __all__ = [
     "TREE_SAMPLING",
     "adapter",
     "dynamic_tree_decoder",
-    "iid_multi_draft_decoder",
+    "multi_draft_decoder",
     "static_tree_decoder",
 ]
 
@@ -68,17 +69,18 @@ def static_tree_decoder(
     return TreeSpeculativeDecoder(target, StaticTreeProposer(draft, sampling, choices), sampling)
 
 
-def iid_multi_draft_decoder(
-    sampling: SamplingParameters | None = TREE_SAMPLING,
+def multi_draft_decoder(
+    sampling: SamplingParameters | None = TREE_SAMPLING, scheme: str = "iid"
 ) -> TreeSpeculativeDecoder:
-    """SpecInfer-like i.i.d. multi-draft (3 chains of 2 tokens) on the toy models."""
+    """Multi-draft (3 chains of 2 tokens) on the toy models: SpecInfer-like i.i.d. first tokens
+    (``scheme="iid"``) or MCSD-like distinct ones (``"without-replacement"``)."""
     target, draft = toy_models(vocab_size=_VOCAB)
-    proposer = IidMultiDraftProposer(draft, sampling, _N_DRAFTS, 2)
+    proposer = MultiDraftProposer(draft, sampling, _N_DRAFTS, 2, scheme)
     return TreeSpeculativeDecoder(target, proposer, sampling)
 
 
 def adapter() -> Adapter:
-    """The ``toy-tree`` adapter: four end-to-end targets on the reference tree loop."""
+    """The ``toy-tree`` adapter: five end-to-end targets on the reference tree loop."""
     return Adapter(
         name="toy-tree",
         description="losslessness.reference.tree_decoding.TreeSpeculativeDecoder on toy Markov "
@@ -108,7 +110,16 @@ def adapter() -> Adapter:
                 "toy-tree/specinfer-iid",
                 f"SpecInfer-like i.i.d. multi-draft ({_N_DRAFTS} chains of 2), scheme iid, "
                 f"{TREE_SAMPLING}",
-                iid_multi_draft_decoder(),
+                multi_draft_decoder(),
+                _PROMPT,
+                _NEW_TOKENS,
+                max_sequences=_MAX_SEQUENCES,
+            ),
+            EndToEndTarget(
+                "toy-tree/mcsd-without-replacement",
+                f"MCSD-like multi-draft ({_N_DRAFTS} chains of 2, distinct first tokens), "
+                f"scheme without-replacement, {TREE_SAMPLING}",
+                multi_draft_decoder(scheme="without-replacement"),
                 _PROMPT,
                 _NEW_TOKENS,
                 max_sequences=_MAX_SEQUENCES,

@@ -1,4 +1,4 @@
-"""A reference tree speculative-decoding loop on toy models, and three tree drafters.
+"""A reference tree speculative-decoding loop on toy models, and tree drafters.
 
 One iteration of :meth:`TreeSpeculativeDecoder.generate`:
 
@@ -27,10 +27,12 @@ Drafters (all deterministic in the tree's shape given the context, except the i.
   depth d and rank r holds the r-th most likely token of "head" d-1, whose law is the draft
   model's marginal law of the token d positions after the context (what a Medusa head learns
   to predict; Cai et al. 2024, "Medusa", section 2.1). Every node at depth d shares that law.
-- :class:`IidMultiDraftProposer` (SpecInfer-like, scheme ``iid``): ``n_drafts`` independent
+- :class:`MultiDraftProposer` (SpecInfer-like, scheme ``iid``): ``n_drafts`` independent
   chains of ``depth`` tokens, each sampled from the draft model, as ``n_drafts`` children of the
   root (their first tokens i.i.d. from q at the root, duplicates kept) each carrying its own
-  chain (Miao et al. 2024, "SpecInfer", section 3).
+  chain (Miao et al. 2024, "SpecInfer", section 3); or (MCSD-like, scheme
+  ``without-replacement``) the chains' first tokens drawn without replacement (Yang et al.
+  2024, "Multi-Candidate Speculative Decoding"; Jeon et al. 2024).
 
 The loop is an :class:`~losslessness.protocol.EndToEndGenerator` reporting its accepted lengths
 (:class:`~losslessness.protocol.ReportsAcceptedLengths`).
@@ -54,7 +56,7 @@ from losslessness.reference.tree_layouts import tree_choices_to_parents
 __all__ = [
     "DynamicTreeProposer",
     "GreedyTreeVerifierFn",
-    "IidMultiDraftProposer",
+    "MultiDraftProposer",
     "StaticTreeProposer",
     "TreeProposal",
     "TreeProposer",
@@ -246,49 +248,80 @@ class StaticTreeProposer:
         return TreeProposal(parents, tokens, torch.stack(rows), "top-k")
 
 
-class IidMultiDraftProposer:
-    """SpecInfer-like i.i.d. multi-draft (module docstring), scheme ``iid``.
+class MultiDraftProposer:
+    """SpecInfer-like or MCSD-like multi-draft (module docstring), scheme ``iid`` or
+    ``without-replacement``.
 
     Args:
         model: the draft model.
         sampling: sampling parameters applied to q.
-        n_drafts: independent chains, ``>= 1``.
+        n_drafts: chains, ``>= 1``.
         depth: tokens per chain, ``>= 1``.
+        scheme: ``"iid"`` (the chains' first tokens drawn independently from q at the root,
+            duplicates kept) or ``"without-replacement"`` (drawn one after the other from q
+            with the earlier ones removed, as ``torch.multinomial(..., replacement=False)``
+            draws: Yang et al. 2024, "Multi-Candidate Speculative Decoding"; Jeon et al. 2024,
+            "Recursive Speculative Decoding"); the tokens below them are i.i.d. either way.
 
     Raises:
-        ValueError: naming an argument below 1.
+        ValueError: naming an argument below 1, or an unknown ``scheme``.
     """
 
     def __init__(
-        self, model: LanguageModel, sampling: SamplingParameters | None, n_drafts: int, depth: int
+        self,
+        model: LanguageModel,
+        sampling: SamplingParameters | None,
+        n_drafts: int,
+        depth: int,
+        scheme: str = "iid",
     ) -> None:
         for name, value in (("n_drafts", n_drafts), ("depth", depth)):
             if value < 1:
                 raise ValueError(f"{name}: must be >= 1, got {value}")
+        if scheme not in ("iid", "without-replacement"):
+            raise ValueError(f"scheme: expected 'iid' or 'without-replacement', got {scheme!r}")
         self.model = model
         self.sampling = sampling
         self.n_drafts = n_drafts
         self.depth = depth
+        self.scheme = scheme
         self.vocab_size = model.vocab_size
 
     def propose(self, context: Sequence[int], generator: torch.Generator) -> TreeProposal:
-        """``n_drafts`` chains, each token drawn from q by one ``torch.multinomial`` call."""
+        """``n_drafts`` chains from the root, each token drawn by ``torch.multinomial``.
+
+        Raises:
+            ValueError: ``without-replacement`` with fewer tokens of positive q at the root
+                than ``n_drafts``.
+        """
         base = list(context)
         root = self.model.next_token_probs(base, self.sampling).to(torch.float64)
+        firsts: list[int] | None = None
+        if self.scheme == "without-replacement":
+            if int((root > 0).sum()) < self.n_drafts:
+                raise ValueError(
+                    f"n_drafts: {self.n_drafts} distinct drafts need as many tokens with q > 0 "
+                    f"at the root, got {int((root > 0).sum())}"
+                )
+            firsts = torch.multinomial(root, self.n_drafts, replacement=False,
+                                       generator=generator).tolist()
         parents: list[int] = []
         tokens: list[int] = []
         rows = [root]
-        for _ in range(self.n_drafts):
+        for chain in range(self.n_drafts):
             path: list[int] = []
             law = root
             for step in range(self.depth):
-                token = int(torch.multinomial(law, 1, generator=generator)[0])
+                if step == 0 and firsts is not None:
+                    token = int(firsts[chain])
+                else:
+                    token = int(torch.multinomial(law, 1, generator=generator)[0])
                 parents.append(0 if step == 0 else len(tokens))
                 tokens.append(token)
                 path.append(token)
                 law = self.model.next_token_probs(base + path, self.sampling).to(torch.float64)
                 rows.append(law)
-        return TreeProposal(parents, tokens, torch.stack(rows), "iid")
+        return TreeProposal(parents, tokens, torch.stack(rows), self.scheme)
 
 
 @dataclass

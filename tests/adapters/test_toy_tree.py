@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
 import pytest
 import torch
 
@@ -34,7 +35,7 @@ from losslessness.adapters.toy_tree import (
     TREE_SAMPLING,
     adapter,
     dynamic_tree_decoder,
-    iid_multi_draft_decoder,
+    multi_draft_decoder,
     static_tree_decoder,
 )
 from losslessness.design import AuditConfig
@@ -46,6 +47,7 @@ from losslessness.reference.sampling import sample_inverse_cdf
 from losslessness.reference.tree import child_table
 from losslessness.reference.tree_decoding import (
     DynamicTreeProposer,
+    MultiDraftProposer,
     StaticTreeProposer,
     TreeProposal,
     TreeSpeculativeDecoder,
@@ -53,6 +55,7 @@ from losslessness.reference.tree_decoding import (
 )
 from losslessness.reference.tree_layouts import tree_choices_to_parents
 from losslessness.results import TargetVerdict, Verdict
+from losslessness.stats import identity_test
 
 PASS_TV = 0.15
 """Design TV of the passing audits (family-wise alpha 1e-3, power 0.9)."""
@@ -72,7 +75,13 @@ def _target_probs(loop: TreeSpeculativeDecoder, context: list[int], proposal: Tr
 
 
 @pytest.mark.parametrize(
-    "make", [dynamic_tree_decoder, static_tree_decoder, iid_multi_draft_decoder]
+    "make",
+    [
+        dynamic_tree_decoder,
+        static_tree_decoder,
+        multi_draft_decoder,
+        lambda: multi_draft_decoder(scheme="without-replacement"),
+    ],
 )
 def test_drafted_trees_are_valid_for_their_scheme(make: object) -> None:
     """Every drafter's trees pass :func:`validate_tree_inputs` for its declared scheme (parents
@@ -141,10 +150,34 @@ def test_static_tree_has_the_tree_choices_shape_and_head_tokens() -> None:
 
 def test_iid_multi_draft_is_independent_chains_from_the_root() -> None:
     """SpecInfer-like: 3 chains of 2 tokens, the first of each a child of the root."""
-    loop = iid_multi_draft_decoder()
+    loop = multi_draft_decoder()
     proposal = loop.proposer.propose([1, 3, 2], torch.Generator().manual_seed(0))
     assert proposal.parents == [0, 1, 0, 3, 0, 5]
     assert proposal.draft_scheme == "iid"
+
+
+def test_multi_draft_without_replacement_has_distinct_first_tokens_with_the_draw_law() -> None:
+    """MCSD-like: the 3 chains' first tokens are distinct, and the first of them follows q at
+    the root (identity test at 1e-6 over 3,000 proposals: it detects a TV of about 0.07 with
+    power 0.9); too few tokens of positive q for the drafts is refused, naming n_drafts."""
+    loop = multi_draft_decoder(scheme="without-replacement")
+    generator = torch.Generator().manual_seed(5)
+    firsts = []
+    for _ in range(3000):
+        proposal = loop.proposer.propose([1, 3, 2], generator)
+        assert proposal.parents == [0, 1, 0, 3, 0, 5]
+        assert proposal.draft_scheme == "without-replacement"
+        roots = [proposal.token_ids[j] for j in (0, 2, 4)]
+        assert len(set(roots)) == 3
+        firsts.append(roots[0])
+    q = loop.proposer.model.next_token_probs([1, 3, 2], TREE_SAMPLING).double()
+    result = identity_test(np.bincount(firsts, minlength=4), q.numpy())
+    assert result.pvalue > 1e-6, result
+    _, draft = toy_models(vocab_size=4)
+    with pytest.raises(ValueError, match="n_drafts"):
+        MultiDraftProposer(draft, TREE_SAMPLING, 5, 1, "without-replacement").propose(
+            [1], torch.Generator()
+        )
 
 
 def test_loop_rolls_its_context_back_to_the_accepted_path() -> None:
@@ -240,18 +273,27 @@ def test_sampled_tree_targets_pass_the_sequence_law(name: str) -> None:
     assert checks["drafts-accepted"].verdict is Verdict.PASS  # type: ignore[attr-defined]
 
 
+_LOSSY_DESIGN = {"toy-tree/mcsd-without-replacement": (0.05, 8000)}
+"""(design TV, most sequences) of the lossy audit where :data:`LOSSY_TV` and the target's own
+cap do not suffice: against three distinct first drafts out of V = 4 the lossy rule shifts the
+sequence law less (at the default design, 1,200 sequences, p = 0.002); at TV 0.05 the audit
+draws about 6,100 sequences (3.5 s) and p was 6e-25."""
+
+
 @pytest.mark.parametrize("name", sorted(_SAMPLED))
 def test_lossy_tree_verifier_fails_the_sequence_law(name: str) -> None:
     """The same loops with :func:`_lossy_verify_tree` plugged in are LOSSY on the sequence law
-    (design TV 0.1, alpha 1e-3, run seed 0), with a p-value far below alpha."""
+    (design TV 0.1, or :data:`_LOSSY_DESIGN`, alpha 1e-3, run seed 0), with a p-value far
+    below alpha."""
     honest = _SAMPLED[name]
     loop = honest.generator
     assert isinstance(loop, TreeSpeculativeDecoder)
     lossy = TreeSpeculativeDecoder(loop.target, loop.proposer, loop.sampling,
                                    verifier=_lossy_verify_tree)
+    tv, most = _LOSSY_DESIGN.get(name, (LOSSY_TV, honest.max_sequences))
     target = EndToEndTarget(name + "-lossy", "lossy verifier", lossy, honest.prompt_ids,
-                            honest.new_tokens, max_sequences=honest.max_sequences)
-    verdict, checks = _audit(target, LOSSY_TV)
+                            honest.new_tokens, max_sequences=most)
+    verdict, checks = _audit(target, tv)
     law = checks["sequence-law"]
     assert verdict is TargetVerdict.LOSSY, law
     assert law.verdict is Verdict.LOSSY  # type: ignore[attr-defined]
@@ -280,5 +322,6 @@ def test_toy_tree_is_a_registered_adapter() -> None:
         "toy-tree/eagle-dynamic",
         "toy-tree/medusa-static",
         "toy-tree/specinfer-iid",
+        "toy-tree/mcsd-without-replacement",
         "toy-tree/eagle-greedy",
     ]
