@@ -256,10 +256,6 @@ def _screenable(target_probs: object, draft_probs: object, draft_token_ids: obje
     return int(low) >= 0 and int(high) < vocab
 
 
-class _ScreenFailed(Exception):
-    """A chunk of the screened path failed the value checks; the caller re-validates."""
-
-
 def _verify_screened(
     target_probs: torch.Tensor,
     draft_probs: torch.Tensor,
@@ -526,7 +522,9 @@ def _verify_validated(
 _CPU = torch.device("cpu")
 
 PER_ROW_CHUNK_ELEMENTS = 1 << 20
-"""Input entries (``rows * (2k+1) * V``) per chunk of the per-row path: 8 MiB of float64, so
+"""Input entries (``rows * (2k+1) * V``) per chunk of the torch per-row path when it runs on
+CPU (the reference itself verifies CPU rows with the compiled kernel; the torch path runs there
+in the tests that pin it and the benchmark that compares the two): 8 MiB of float64, so
 a chunk's rows stay in the last-level cache from the pass that sums them to the gathers that
 read them again, while a chunk is large enough that the ~50 tensor operations it costs are
 paid a few dozen times per 1e5 rows, not hundreds (at V = 32, k = 4: 3,640 rows a chunk; the
