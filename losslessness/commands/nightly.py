@@ -242,6 +242,11 @@ def nightly_command(
         suite_profile=suite_profile or defaults.suite_profile,
         suite_targets=named_suite or defaults.suite_targets,
     )
+    if config.time_budget_s is not None and budget is not None:
+        raise click.UsageError(
+            "--budget multiplies the planned steps and --time-budget fits them to a time: "
+            "give one of the two"
+        )
     if config.time_budget_s is not None and (shard_text is not None or ray_address is not None):
         raise click.UsageError(
             "--time-budget fits one process's measured throughput; run the night in one "
@@ -276,7 +281,7 @@ def nightly_command(
         return
     console.print(
         f"nightly plan {plan.fingerprint[:12]}: {len(plan.units)} units, budget "
-        f"{config.budget:g}x CI, seed {config.seed}; running shard {spec}"
+        f"{plan.config.budget:g}x CI, seed {config.seed}; running shard {spec}"
     )
     with progress_bar("verify steps", quiet=no_progress) as update:
         shard = run_shard(plan, spec, out_dir, progress=update, deadline=deadline)

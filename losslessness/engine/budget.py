@@ -378,7 +378,10 @@ def fit_time_budget(
     case's claim. Breadth comes first: cases are dropped (those that cost most at the
     coarsest design first, named in the claim, at least one kept) only while the others
     cannot fit even at the coarsest design. Sampling stops at the deadline whatever the
-    estimate.
+    estimate. The time budget sizes the run itself: the fitted config's multiplier of the CI
+    plan's steps (``budget``, the nightly's ``--budget``) is 1, whatever ``config`` had, so
+    the claimed TV is the one the planned steps detect (a multiplier below 1 left in place
+    would scale the steps down after the fit and leave the claim too fine).
 
     Args:
         config: the requested design, with ``time_budget_s`` set.
@@ -391,9 +394,10 @@ def fit_time_budget(
     Raises:
         ValueError: naming ``time_budget_s`` when the config has none.
     """
-    if config.time_budget_s is None:
-        raise ValueError("time_budget_s: the config has no time budget to fit")
     budget = config.time_budget_s
+    if budget is None:
+        raise ValueError("time_budget_s: the config has no time budget to fit")
+    config = dataclasses.replace(config, budget=1.0)
     plan = plan_run(config, targets, device_note)
     measured = measure_throughput(plan)
     room = FIT_FRACTION * budget

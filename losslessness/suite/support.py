@@ -62,6 +62,23 @@ TREE_WITNESS_EXAMPLES = 4
 """Explicit examples the tree test runs besides the generated ones
 (:data:`losslessness.suite.tree_support.TREE_WITNESS_CASES`), whatever the profile."""
 
+CHAIN_WITNESS_CASES: tuple[ChainCase, ...] = (
+    ChainCase(
+        "witness-peaked",
+        "V=3 k=2 B=1 witness: q peaked where p is small",
+        torch.tensor([[[0.6, 0.3, 0.1], [0.05, 0.5, 0.45], [0.7, 0.2, 0.1]]], dtype=torch.float64),
+        torch.tensor([[[0.05, 0.8, 0.15], [0.7, 0.05, 0.25]]], dtype=torch.float64),
+        frozenset({"witness"}),
+    ),
+)
+"""Explicit examples of the chain test, run by every profile before the generated ones: k = 2
+at V = 3 with q putting most of its mass where p puts little at both draft positions, so
+rejections are frequent and follow an accepted draft of low target weight. There a correction
+drawn from the wrong residual after an accepted prefix (block verification's token-level
+residual instead of the block residual, vllm-ascend issue 7807) is off at position 1 (p-value
+2e-19 at the suite's 4,000 steps), while random cases rarely reach it: the ci profile's 25
+examples missed that mutant. Counted in the suite's budget."""
+
 SUITE_ASSERTIONS_PER_EXAMPLE = CHAIN_ASSERTIONS_PER_EXAMPLE + TREE_ASSERTIONS_PER_EXAMPLE
 """Statistical assertions of one example of every statistical suite test (chain and tree): the
 union bound splits :data:`SUITE_FAMILY_WISE_ALPHA` over ``max_examples`` times this, whichever
@@ -76,8 +93,9 @@ class SuiteBudget:
         profile: the settings profile's name.
         max_examples: generated examples per test.
         assertions: ``max_examples * SUITE_ASSERTIONS_PER_EXAMPLE`` (chain and tree tests)
-            plus ``TREE_WITNESS_EXAMPLES * TREE_ASSERTIONS_PER_EXAMPLE`` (the tree test's
-            explicit examples).
+            plus ``TREE_WITNESS_EXAMPLES * TREE_ASSERTIONS_PER_EXAMPLE`` and
+            ``len(CHAIN_WITNESS_CASES) * CHAIN_ASSERTIONS_PER_EXAMPLE`` (the explicit
+            examples of the tree and chain tests).
         per_assertion_alpha: ``SUITE_FAMILY_WISE_ALPHA / assertions`` (Bonferroni).
     """
 
@@ -93,6 +111,7 @@ def suite_budget() -> SuiteBudget:
     assertions = (
         max_examples * SUITE_ASSERTIONS_PER_EXAMPLE
         + TREE_WITNESS_EXAMPLES * TREE_ASSERTIONS_PER_EXAMPLE
+        + len(CHAIN_WITNESS_CASES) * CHAIN_ASSERTIONS_PER_EXAMPLE
     )
     profile = str(getattr(settings, "_current_profile", None) or "default")
     return SuiteBudget(profile, max_examples, assertions, SUITE_FAMILY_WISE_ALPHA / assertions)

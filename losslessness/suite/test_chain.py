@@ -5,18 +5,20 @@ the independence of identical rows in one batch."""
 
 from __future__ import annotations
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 
 from losslessness.cases import ChainCase
 from losslessness.pytest_plugin import SuiteTarget
-from losslessness.suite.support import run_chain_example, suite_chain_cases
+from losslessness.suite.support import CHAIN_WITNESS_CASES, run_chain_example, suite_chain_cases
 
 
 @settings(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(case=suite_chain_cases())
+@example(case=CHAIN_WITNESS_CASES[0])
 def test_chain_verifier_is_lossless(case: ChainCase, losslessness_target: SuiteTarget) -> None:
     """Every emitted token follows p at its position, acceptance never exceeds sum min(p, q),
-    outputs are well-formed, and identical rows of a batch are independent."""
+    outputs are well-formed, and identical rows of a batch are independent (first on the
+    explicit witness case, where a wrong residual after an accepted prefix shows)."""
     run_chain_example(
         losslessness_target.chain(), case, losslessness_target.replay("test_chain_verifier")
     )

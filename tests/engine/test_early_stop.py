@@ -9,8 +9,10 @@ import time
 
 import pytest
 import torch
+from click.testing import CliRunner
 
 from losslessness.adapters import Adapter, resolve_adapter
+from losslessness.cli import main
 from losslessness.design import RunConfig
 from losslessness.engine import plan_run, run_audit
 from losslessness.engine.budget import FIT_FRACTION, fit_time_budget
@@ -167,3 +169,27 @@ def test_target_failing_in_the_warm_up_is_named_and_still_audited_as_error() -> 
     assert verdicts["broken"] is TargetVerdict.ERROR
     assert verdicts["reference"] is TargetVerdict.LOSSLESS
     assert result.exit_code == 3
+
+
+def test_time_budget_fits_at_the_ci_step_multiplier_whatever_the_config_had() -> None:
+    """The fit sizes the run itself: a config whose step multiplier is the CPU nightly's 0.05
+    is fitted with multiplier 1, so the claimed TV is the one the planned steps detect (with
+    0.05 left in place the plan would draw a twentieth of the steps the claim priced: the
+    engines nightly claimed TV 0.05 and its laws reached 0.15-0.6)."""
+    slow = Adapter("slow", "reference one row at a time", chain=_slow_verify)
+    fit = fit_time_budget(RunConfig(cases=CASES, time_budget_s=4.0, budget=0.05), [slow])
+    assert fit.config.budget == 1.0
+    plan = plan_run(fit.config, [slow])
+    assert plan.config.budget == 1.0
+    total = sum(fit.estimate_s.values())
+    assert total <= FIT_FRACTION * 4.0 or len(fit.config.cases) == 1
+
+
+def test_nightly_refuses_a_step_multiplier_with_a_time_budget() -> None:
+    """``losslessness nightly --budget X --time-budget S`` exits 2 naming both options (before
+    anything is planned): one sizes the run by steps, the other by time."""
+    result = CliRunner().invoke(
+        main, ["nightly", "--budget", "0.1", "--time-budget", "10", "--no-progress"]
+    )
+    assert result.exit_code == 2
+    assert "--budget" in result.output and "--time-budget" in result.output
