@@ -306,19 +306,17 @@ def _run_suite(target: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
-@pytest.mark.slow
 def test_property_suite_passes_block_verification(tmp_path: Path) -> None:
     """``pytest --losslessness-target=losslessness.reference.block:verify_block`` passes (ci
-    profile; 67 s measured on 2 loaded cores)."""
+    profile, the chain witness included; 5 s)."""
     result = _run_suite("losslessness.reference.block:verify_block", tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-@pytest.mark.slow
 def test_property_suite_fails_block_verification_with_wrong_residual(tmp_path: Path) -> None:
-    """The suite fails the wrong-residual mutant with a LOSSY law (ci profile; Hypothesis
-    needs V >= 3, k >= 2 and a prefix weight below 1 to see it: 359 s measured on 2 loaded
-    cores, hence ``slow``)."""
+    """The suite fails the wrong-residual mutant with a LOSSY law (ci profile). It needs V >= 3,
+    k >= 2 and a prefix weight below 1 to show: the chain witness example has them (5 s);
+    without it the ci profile's generated cases missed the mutant."""
     result = _run_suite("losslessness.adapters.mutants:block_verification_wrong_residual", tmp_path)
     assert result.returncode == 1, result.stdout + result.stderr
     assert "LOSSY law at position" in result.stdout
