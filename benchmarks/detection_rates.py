@@ -52,7 +52,6 @@ from benchmarks.peers import (
     vllm_chi_square,
     vllm_histogram_l2,
 )
-from benchmarks.tree_detection_rates import BEGIN_MARKER as TREE_BEGIN_MARKER
 from losslessness.adapters.mutants import MUTANTS, Mutant
 from losslessness.cases import ChainCase, GreedyCase
 from losslessness.checks import check_greedy, count_statistical_assertions, run_chain_checks
@@ -62,6 +61,11 @@ from losslessness.results import CheckContext, CheckKind, Verdict
 from losslessness.samples import ChainSamples
 from losslessness.seeding import derive_seed
 from losslessness.stats import DEFAULT_FAMILY_WISE_ALPHA
+
+TREE_BEGIN_MARKER = "<!-- tree-detection-rates: begin (benchmarks/tree_detection_rates.py) -->"
+TREE_END_MARKER = "<!-- tree-detection-rates: end -->"
+"""The markers around the tree section of the report, which
+``benchmarks/tree_detection_rates.py`` writes and this script keeps."""
 
 RUN_SEED = 4
 """Run seed of the measurement (issue 4); every (entry, seed index) seed derives from it."""
@@ -236,6 +240,11 @@ class Tally:
         self.detected += int(detected)
         self.trials += 1
 
+    def merge(self, other: Tally) -> None:
+        """Add another tally's counts."""
+        self.detected += other.detected
+        self.trials += other.trials
+
     @property
     def rate(self) -> float:
         """Detection rate (NaN without trials)."""
@@ -324,11 +333,9 @@ def measure_entry(
 
 def _merge(into: Measurement, part: Measurement) -> None:
     for key, tally in part.grid.items():
-        into.grid[key].detected += tally.detected
-        into.grid[key].trials += tally.trials
+        into.grid[key].merge(tally)
     for fa_key, tally in part.false_alarms.items():
-        into.false_alarms[fa_key].detected += tally.detected
-        into.false_alarms[fa_key].trials += tally.trials
+        into.false_alarms[fa_key].merge(tally)
     for time_key, seconds in part.timings.items():
         into.timings[time_key] += seconds
     into.failures += part.failures
@@ -622,13 +629,15 @@ Counted as detected by every method (a malformed output or a crash fails every t
 """
 
 
-def _format(tally: Tally) -> str:
+def format_tally(tally: Tally) -> str:
+    """``rate (detected/trials)``, or ``n/a`` without trials."""
     if not tally.trials:
         return "n/a"
     return f"{tally.rate:.2f} ({tally.detected}/{tally.trials})"
 
 
-def _format_ci(tally: Tally) -> str:
+def format_tally_ci(tally: Tally) -> str:
+    """``detected/trials = rate [95% Clopper-Pearson interval]``, or ``n/a``."""
     if not tally.trials:
         return "n/a"
     low, high = clopper_pearson(tally.detected, tally.trials)
@@ -644,7 +653,7 @@ def render_markdown(m: Measurement, entries: Sequence[Mutant], command: str, sta
         return 0 if isinstance(entry.case, GreedyCase) else budget
 
     def cell(entry: Mutant, budget: int, method: str) -> str:
-        return _format(m.grid.get((entry.name, budget_key(entry, budget), method), Tally()))
+        return format_tally(m.grid.get((entry.name, budget_key(entry, budget), method), Tally()))
 
     def pooled_tally(method: str, budget: int) -> Tally:
         total = Tally()
@@ -660,7 +669,7 @@ def render_markdown(m: Measurement, entries: Sequence[Mutant], command: str, sta
             tally = m.false_alarms.get((control.name, method), Tally())
             total.detected += tally.detected
             total.trials += tally.trials
-        return _format_ci(total)
+        return format_tally_ci(total)
 
     environment = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=False)
     beaten: dict[str, list[dict[str, str]]] = defaultdict(list)
@@ -669,10 +678,12 @@ def render_markdown(m: Measurement, entries: Sequence[Mutant], command: str, sta
             {
                 "budget": str(budget),
                 "method": method,
-                "peer": _format(m.grid[name, budget, method]),
-                "ours": _format(m.grid[name, budget, "ours"]),
-                "false_alarm": _format_ci(pooled_tally(method, budget)),
-                "reference": _format(m.reference_false_alarms.get((name, budget, method), Tally())),
+                "peer": format_tally(m.grid[name, budget, method]),
+                "ours": format_tally(m.grid[name, budget, "ours"]),
+                "false_alarm": format_tally_ci(pooled_tally(method, budget)),
+                "reference": format_tally(
+                    m.reference_false_alarms.get((name, budget, method), Tally())
+                ),
             }
         )
 
@@ -693,7 +704,7 @@ def render_markdown(m: Measurement, entries: Sequence[Mutant], command: str, sta
         detected = sum(
             m.grid.get((e.name, budget_key(e, budget), method), Tally()).rate >= 0.9 for e in lossy
         )
-        return f"{detected} detected; {_format(pooled_tally(method, budget))} false alarms"
+        return f"{detected} detected; {format_tally(pooled_tally(method, budget))} false alarms"
 
     def timing(method: str, budget: int) -> str:
         values = m.timings.get((method, budget), [])
@@ -715,8 +726,8 @@ def render_markdown(m: Measurement, entries: Sequence[Mutant], command: str, sta
             + (" (greedy)" if isinstance(e.case, GreedyCase) else "")
         ),
         cell=cell,
-        pooled=lambda method, budget: _format_ci(pooled_tally(method, budget)),
-        extended=lambda name, method: _format(m.false_alarms.get((name, method), Tally())),
+        pooled=lambda method, budget: format_tally_ci(pooled_tally(method, budget)),
+        extended=lambda name, method: format_tally(m.false_alarms.get((name, method), Tally())),
         extended_pooled=extended_pooled,
         timing=timing,
         beaten=dict(beaten),

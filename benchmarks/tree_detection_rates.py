@@ -46,7 +46,6 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import dataclasses
-import math
 import multiprocessing
 import os
 import pickle
@@ -60,10 +59,17 @@ from pathlib import Path
 
 import jinja2
 import numpy as np
-import scipy.stats
 import torch
-from statsmodels.stats.proportion import proportion_confint
 
+from benchmarks.detection_rates import (
+    TREE_BEGIN_MARKER,
+    TREE_END_MARKER,
+    Tally,
+    clopper_pearson,
+    format_tally,
+    format_tally_ci,
+    peer_beats_ours,
+)
 from benchmarks.tree_peers import (
     FIRST_TOKEN_LEVEL,
     first_token_chi_square,
@@ -101,8 +107,7 @@ POWER = 0.9
 """Design power recorded in our checks' contexts (it sizes nothing here: n is the budget)."""
 DESIGN_TV = 0.05
 DEFAULT_OUT = Path("docs/detection-rates.md")
-BEGIN_MARKER = "<!-- tree-detection-rates: begin (benchmarks/tree_detection_rates.py) -->"
-END_MARKER = "<!-- tree-detection-rates: end -->"
+BEGIN_MARKER, END_MARKER = TREE_BEGIN_MARKER, TREE_END_MARKER
 
 METHODS = ("ours", "sglang-structural", "first-token-chi-square")
 """Method names, ours first."""
@@ -245,29 +250,6 @@ def greedy_verdicts(entry: Mutant) -> Detections:
 def entry_seed(name: str, index: int, purpose: str) -> int:
     """Seed of seed index ``index`` of entry ``name`` (``purpose``: grid or false-alarm)."""
     return derive_seed(RUN_SEED, "tree-detection-rates", purpose, name, index)
-
-
-@dataclass
-class Tally:
-    """Detections out of trials for one (entry, budget, method)."""
-
-    detected: int = 0
-    trials: int = 0
-
-    def add(self, detected: bool) -> None:
-        """Count one verdict."""
-        self.detected += int(detected)
-        self.trials += 1
-
-    def merge(self, other: Tally) -> None:
-        """Add another tally's counts."""
-        self.detected += other.detected
-        self.trials += other.trials
-
-    @property
-    def rate(self) -> float:
-        """Detection rate (NaN without trials)."""
-        return self.detected / self.trials if self.trials else math.nan
 
 
 @dataclass
@@ -426,22 +408,6 @@ def measure(
     return measurement
 
 
-def clopper_pearson(detected: int, trials: int, level: float = 0.95) -> tuple[float, float]:
-    """Two-sided Clopper-Pearson interval for a rate (statsmodels ``proportion_confint``)."""
-    low, high = proportion_confint(detected, trials, alpha=1 - level, method="beta")
-    return float(low), float(high)
-
-
-def peer_beats_ours(ours: Tally, peer: Tally, level: float = 0.05) -> bool:
-    """Whether the peer's detection rate is significantly above ours (one-sided Fisher exact
-    test at ``level`` on the 2x2 table of detections)."""
-    table = [
-        [peer.detected, peer.trials - peer.detected],
-        [ours.detected, ours.trials - ours.detected],
-    ]
-    return bool(scipy.stats.fisher_exact(table, alternative="greater").pvalue < level)
-
-
 METHOD_DESCRIPTIONS = {
     "ours": (
         "Structure of every output (exact); law of the next emitted token at every class of "
@@ -598,19 +564,6 @@ every test suite):
 """
 
 
-def _format(tally: Tally) -> str:
-    if not tally.trials:
-        return "n/a"
-    return f"{tally.rate:.2f} ({tally.detected}/{tally.trials})"
-
-
-def _format_ci(tally: Tally) -> str:
-    if not tally.trials:
-        return "n/a"
-    low, high = clopper_pearson(tally.detected, tally.trials)
-    return f"{tally.detected}/{tally.trials} = {tally.rate:.3g} [{low:.2g}, {high:.2g}]"
-
-
 def beaten_cells(m: Measurement, entries: Sequence[Mutant]) -> list[tuple[str, int, str]]:
     """(lossy sampled tree mutant, budget, peer) where the peer's detection rate is significantly
     above ours (:func:`peer_beats_ours`), in entry, budget and method order."""
@@ -638,7 +591,7 @@ def render_markdown(m: Measurement, entries: Sequence[Mutant], command: str, sta
         return 0 if isinstance(entry.case, GreedyTreeCase) else budget
 
     def cell(entry: Mutant, budget: int, method: str) -> str:
-        return _format(m.grid.get((entry.name, budget_key(entry, budget), method), Tally()))
+        return format_tally(m.grid.get((entry.name, budget_key(entry, budget), method), Tally()))
 
     def pooled_tally(method: str, budget: int) -> Tally:
         total = Tally()
@@ -650,7 +603,7 @@ def render_markdown(m: Measurement, entries: Sequence[Mutant], command: str, sta
         total = Tally()
         for control in controls:
             total.merge(m.false_alarms.get((control.name, method), Tally()))
-        return _format_ci(total)
+        return format_tally_ci(total)
 
     environment = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=False)
     beaten: dict[str, list[dict[str, str]]] = defaultdict(list)
@@ -659,9 +612,9 @@ def render_markdown(m: Measurement, entries: Sequence[Mutant], command: str, sta
             {
                 "budget": str(budget),
                 "method": method,
-                "peer": _format(m.grid[name, budget, method]),
-                "ours": _format(m.grid[name, budget, "ours"]),
-                "false_alarm": _format_ci(pooled_tally(method, budget)),
+                "peer": format_tally(m.grid[name, budget, method]),
+                "ours": format_tally(m.grid[name, budget, "ours"]),
+                "false_alarm": format_tally_ci(pooled_tally(method, budget)),
             }
         )
 
@@ -682,7 +635,7 @@ def render_markdown(m: Measurement, entries: Sequence[Mutant], command: str, sta
         detected = sum(
             m.grid.get((e.name, budget_key(e, budget), method), Tally()).rate >= 0.9 for e in lossy
         )
-        return f"{detected} detected; {_format(pooled_tally(method, budget))} false alarms"
+        return f"{detected} detected; {format_tally(pooled_tally(method, budget))} false alarms"
 
     def timing(method: str, budget: int) -> str:
         values = m.timings.get((method, budget), [])
@@ -736,8 +689,8 @@ def render_markdown(m: Measurement, entries: Sequence[Mutant], command: str, sta
         ),
         scheme=lambda e: "greedy" if isinstance(e.case, GreedyTreeCase) else e.case.draft_scheme,
         cell=cell,
-        pooled=lambda method, budget: _format_ci(pooled_tally(method, budget)),
-        extended=lambda name, method: _format(m.false_alarms.get((name, method), Tally())),
+        pooled=lambda method, budget: format_tally_ci(pooled_tally(method, budget)),
+        extended=lambda name, method: format_tally(m.false_alarms.get((name, method), Tally())),
         extended_pooled=extended_pooled,
         timing=timing,
         sampling=sampling,
