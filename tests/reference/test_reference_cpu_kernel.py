@@ -26,13 +26,12 @@ instead of a separate validation that reads the whole input twice. Pinned here, 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 import torch
 
 import losslessness.reference.chain as chain
-import losslessness.reference.threads as threads
 from losslessness.protocol import InvalidInputError, validate_chain_inputs
 from losslessness.reference import (
     ChainUniforms,
@@ -41,6 +40,7 @@ from losslessness.reference import (
     verify,
     verify_with_uniforms,
 )
+from tests.reference.chain_helpers import verify_each_row_alone
 
 SEED = 20261124
 """Root of every random tensor in this file."""
@@ -122,16 +122,6 @@ def test_contiguous_cpu_float_inputs_take_the_screened_path_and_others_do_not(
     assert taken == ["screened"] * 3
 
 
-@pytest.fixture
-def two_threads(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Two torch threads and a thread per 16 rows, so small batches split across threads."""
-    monkeypatch.setattr(threads, "MIN_ROWS_PER_THREAD", 16)
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(before)
-
-
 def _validated_variants(
     target: torch.Tensor, draft: torch.Tensor, ids: torch.Tensor
 ) -> dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
@@ -176,15 +166,7 @@ def test_screened_path_equals_the_validated_path_and_the_shared_path(
     for name, inputs in _validated_variants(target, draft, ids).items():
         assert not chain._screenable(*inputs)
         assert torch.equal(verify(*inputs, generator, uniforms=uniforms), screened), name
-    for b in range(batch):
-        alone = verify_with_uniforms(
-            target[b : b + 1].expand(3, -1, -1),
-            draft[b : b + 1].expand(3, -1, -1),
-            ids[b : b + 1].expand(3, -1),
-            uniforms.accept_uniforms[b : b + 1].expand(3, -1),
-            uniforms.sample_uniforms[b : b + 1].expand(3),
-        )
-        assert torch.equal(alone[0], screened[b]), f"row {b}"
+    assert torch.equal(verify_each_row_alone(target, draft, ids, uniforms), screened)
 
 
 @pytest.mark.parametrize(

@@ -38,6 +38,7 @@ from losslessness.reference import (
     verify_with_uniforms,
 )
 from losslessness.stats import ErrorBudget, identity_minimum_detectable_tv, identity_test
+from tests.reference.chain_helpers import verify_each_row_alone
 
 SEED = 20250113
 """Root of every random tensor in this file."""
@@ -210,23 +211,6 @@ def test_a_position_with_p_equal_to_q_accepts_every_draft_on_distinct_rows() -> 
     assert bool((counts[counts > 1] > 2).all())
 
 
-def _row_by_row(
-    target: torch.Tensor, draft: torch.Tensor, ids: torch.Tensor, uniforms: ChainUniforms
-) -> torch.Tensor:
-    """Each row verified alone through the shared-table path (a batch of 2 copies of it)."""
-    rows = []
-    for b in range(target.shape[0]):
-        pair = verify_with_uniforms(
-            target[b].expand(2, -1, -1),
-            draft[b].expand(2, -1, -1),
-            ids[b].expand(2, -1),
-            uniforms.accept_uniforms[b].expand(2, -1),
-            uniforms.sample_uniforms[b].expand(2),
-        )
-        rows.append(pair[0])
-    return torch.stack(rows)
-
-
 @pytest.mark.parametrize(
     ("vocab", "k", "dtype"),
     [
@@ -258,7 +242,7 @@ def test_per_row_path_on_distinct_rows_equals_the_shared_path_row_by_row(
     uniforms.sample_uniforms[:3] = 0.0
     uniforms.sample_uniforms[3:6] = 1.0 - 2.0**-53
     together = verify(target, draft, ids, generator, uniforms=uniforms)
-    assert torch.equal(together, _row_by_row(target, draft, ids, uniforms))
+    assert torch.equal(together, verify_each_row_alone(target, draft, ids, uniforms))
     emitted = together != PLACEHOLDER
     mass = target.gather(2, together.clamp(min=0).unsqueeze(-1)).squeeze(-1)
     assert bool((mass[emitted] > 0).all()), "a token with p = 0 was emitted"

@@ -21,12 +21,9 @@ The law itself is pinned statistically against the exact laws by ``test_tree.py`
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 
-import losslessness.reference.threads as threads
 import losslessness.reference.tree as tree
 from losslessness.protocol import DRAFT_SCHEMES, InvalidInputError, validate_tree_inputs
 from losslessness.reference.tree import sample_siblings, verify_tree
@@ -37,16 +34,6 @@ SEED = 20261125
 
 PARENTS = (0, 0, 1, 1, 2, 0, 5)
 """Seven nodes: a root with three children, two grandchildren under node 1, chains below."""
-
-
-@pytest.fixture
-def two_threads(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Two torch threads and a thread per 16 rows, so small batches split across threads."""
-    monkeypatch.setattr(threads, "MIN_ROWS_PER_THREAD", 16)
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(before)
 
 
 def _inputs(
