@@ -39,8 +39,6 @@ decision boundary.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -55,7 +53,7 @@ from losslessness.reference.sampling import (
     sample_inverse_cdf_from_tables,
     search_grouped,
 )
-from losslessness.reference.threads import split_rows
+from losslessness.reference.threads import split_rows, worst_of
 
 
 @dataclass(frozen=True)
@@ -387,16 +385,10 @@ def _kernel_rows(
     seen = split_rows(batch, run)
     facts = _KernelFacts(
         smallest=min(s[0] for s in seen),
-        worst_sum_error=_worst(s[1] for s in seen),
+        worst_sum_error=worst_of(s[1] for s in seen),
         smallest_drafted=min(s[2] for s in seen),
     )
     return emitted, facts
-
-
-def _worst(errors: Iterable[float]) -> float:
-    """The largest error, NaN if any is NaN."""
-    values = list(errors)
-    return math.nan if any(math.isnan(v) for v in values) else max(values)
 
 
 def _verify_shared_cpu(

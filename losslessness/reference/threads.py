@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
@@ -37,3 +38,10 @@ def split_rows(batch: int, run: Callable[[slice], T]) -> list[T]:
         return [run(slices[0])]
     with ThreadPoolExecutor(threads) as pool:
         return list(pool.map(run, slices))
+
+
+def worst_of(errors: Iterable[float]) -> float:
+    """The largest of the threads' errors, NaN if any is NaN (a NaN sum marks a NaN or inf
+    entry, which ``max`` alone could drop), 0.0 for none."""
+    values = list(errors)
+    return math.nan if any(math.isnan(v) for v in values) else max(values, default=0.0)

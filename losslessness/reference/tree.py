@@ -41,7 +41,6 @@ generator.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -61,7 +60,7 @@ from losslessness.reference import tree_kernel
 from losslessness.reference.greedy import argmax_lowest_index
 from losslessness.reference.laws import residual_distribution
 from losslessness.reference.sampling import compute_dtype, sample_inverse_cdf
-from losslessness.reference.threads import split_rows
+from losslessness.reference.threads import split_rows, worst_of
 
 
 def child_table(parents: torch.Tensor) -> torch.Tensor:
@@ -341,20 +340,14 @@ def _kernel_tree(
     seen = split_rows(batch, run) if batch else []
     facts = _TreeFacts(
         smallest_target=min((s[0] for s in seen), default=math.inf),
-        worst_target_sum_error=_worst(s[1] for s in seen),
+        worst_target_sum_error=worst_of(s[1] for s in seen),
         smallest_draft=min((s[2] for s in seen), default=math.inf),
-        worst_draft_sum_error=_worst(s[3] for s in seen),
+        worst_draft_sum_error=worst_of(s[3] for s in seen),
         smallest_drafted=min((s[4] for s in seen), default=math.inf),
         repeated_siblings=any(s[5] for s in seen),
         top_k_beaten=any(s[6] for s in seen),
     )
     return TreeOutput(tokens, accepted), facts
-
-
-def _worst(errors: Iterable[float]) -> float:
-    """The largest error, NaN if any is NaN (0 for none)."""
-    values = list(errors)
-    return math.nan if any(math.isnan(v) for v in values) else max(values, default=0.0)
 
 
 def _verify_tree_validated(
