@@ -3,7 +3,7 @@
 Issue 11's goal on a 2-core machine: at least 1 million tree steps/s for 8-node trees at
 V = 32, B = 1e5, every row its own p and q (``[B, 9, V]`` float64 each, Dirichlet(1) rows) and
 its own drafted tokens (each node's siblings drawn from its parent's q of that row under the
-scheme, :func:`losslessness.reference.tree.sample_siblings`), for the three draft schemes and
+scheme, :func:`losslessness.protocol.sample_siblings`), for the three draft schemes and
 two shapes: ``binary`` (parents 0,0,1,1,2,2,3,3: depth 3, two children per inner node) and
 ``star`` (parents 0,0,0,0,1,2,3,4: four root drafts, each with one child). Every call includes
 the protocol's input validation (``losslessness.protocol.validate_tree_inputs``), whose time is
@@ -45,8 +45,8 @@ from typing import Any
 import pytest
 import torch
 
-from losslessness.protocol import validate_tree_inputs
-from losslessness.reference.tree import sample_siblings, verify_tree
+from losslessness.protocol import sample_siblings, validate_tree_inputs
+from losslessness.reference.tree import verify_tree
 
 BATCH = 100_000
 VOCAB = 32

@@ -19,13 +19,13 @@ import torch
 from losslessness.protocol import (
     DRAFT_SCHEMES,
     InvalidInputError,
+    sample_siblings,
     tree_depths,
     validate_chain_inputs,
     validate_greedy_inputs,
     validate_greedy_tree_inputs,
     validate_tree_inputs,
 )
-from losslessness.reference.tree import sample_siblings
 
 
 def _tensor_hash(case_id: str, *tensors: torch.Tensor) -> str:
@@ -256,7 +256,7 @@ class TreeCase:
 
     def draw_trees(self, count: int, generator: torch.Generator) -> torch.Tensor:
         """Draft ``count`` independent trees: every node's children drawn from q at the node
-        under :attr:`draft_scheme` (:func:`losslessness.reference.tree.sample_siblings`), parents
+        under :attr:`draft_scheme` (:func:`losslessness.protocol.sample_siblings`), parents
         before children, siblings jointly.
 
         Args:

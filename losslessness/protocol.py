@@ -117,6 +117,52 @@ tokens of largest q, in any order (EAGLE-2's and Medusa's trees); q then only ra
 """
 
 
+def sample_siblings(
+    draft_probs: torch.Tensor, count: int, draft_scheme: str, generator: torch.Generator
+) -> torch.Tensor:
+    """Draw the tokens of ``count`` siblings from their parent's draft law, per scheme.
+
+    Args:
+        draft_probs: ``[B, V]`` float, q at the parent (rows sum to 1).
+        count: number of siblings, ``1 <= count`` (``<= `` the support of q for
+            ``without-replacement``, ``<= V`` for ``top-k``).
+        draft_scheme: ``"iid"`` (``torch.multinomial`` with replacement),
+            ``"without-replacement"`` (without replacement: each next sibling from q with the
+            earlier ones removed) or ``"top-k"`` (the ``count`` tokens of largest q, ties
+            towards the lower id, in decreasing q).
+        generator: randomness for the two sampled schemes.
+
+    The tree protocol's own definition of each scheme (the audit draws drafts with it; the
+    reference verifier's update after a rejected sibling assumes it).
+
+    Returns:
+        ``[B, count]`` int64 tokens.
+
+    Raises:
+        InvalidInputError: ``count`` < 1, an unknown scheme, or too few tokens with q > 0.
+    """
+    if count < 1:
+        raise InvalidInputError("count", f"must be >= 1, got {count}")
+    q = draft_probs.to(torch.float64)
+    if draft_scheme == "top-k":
+        if count > q.shape[-1]:
+            raise InvalidInputError(
+                "count", f"{count} siblings exceed the vocabulary {q.shape[-1]}"
+            )
+        # A stable descending sort puts the lower id first among equal q.
+        return torch.sort(q, dim=-1, descending=True, stable=True).indices[:, :count]
+    if draft_scheme == "iid":
+        return torch.multinomial(q, count, replacement=True, generator=generator)
+    if draft_scheme == "without-replacement":
+        support = int((q > 0).sum(dim=-1).min()) if q.numel() else 0
+        if count > support:
+            raise InvalidInputError(
+                "count", f"{count} siblings without replacement exceed q's support ({support})"
+            )
+        return torch.multinomial(q, count, replacement=False, generator=generator)
+    raise InvalidInputError("draft_scheme", f"{draft_scheme!r} is not a known draft scheme")
+
+
 class TreeOutput(NamedTuple):
     """What a tree verifier returns for a batch (one verification step per tree).
 

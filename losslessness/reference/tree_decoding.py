@@ -113,7 +113,7 @@ class TreeProposer(Protocol):
 def top_tokens(law: torch.Tensor, count: int) -> list[int]:
     """The up to ``count`` tokens of largest probability in ``law`` ``[V]`` with probability
     > 0, in decreasing probability, ties towards the lower id (as
-    :func:`losslessness.reference.tree.sample_siblings` orders ``top-k`` siblings)."""
+    :func:`losslessness.protocol.sample_siblings` orders ``top-k`` siblings)."""
     order = torch.sort(law, descending=True, stable=True).indices[:count].tolist()
     return [int(token) for token in order if float(law[token]) > 0]
 

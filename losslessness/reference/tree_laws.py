@@ -96,7 +96,7 @@ class TreeLaws:
 
 def _top_k_set(q: np.ndarray, count: int) -> np.ndarray:
     """The ``count`` tokens of largest q, ties to the lower id, in decreasing q (the order of
-    :func:`losslessness.reference.tree.sample_siblings`)."""
+    :func:`losslessness.protocol.sample_siblings`)."""
     return np.argsort(-q, kind="stable")[:count]
 
 

@@ -16,9 +16,9 @@ import torch
 from scipy import stats
 
 from losslessness.cases import TreeCase
-from losslessness.protocol import PLACEHOLDER, InvalidInputError, TreeOutput
+from losslessness.protocol import PLACEHOLDER, InvalidInputError, TreeOutput, sample_siblings
 from losslessness.reference import verify, verify_greedy
-from losslessness.reference.tree import sample_siblings, verify_tree, verify_tree_greedy
+from losslessness.reference.tree import verify_tree, verify_tree_greedy
 from tests.reference.tree_helpers import dirichlet, random_tree_case, run_case
 
 ALPHA = 1e-3

@@ -25,8 +25,13 @@ import pytest
 import torch
 
 import losslessness.reference.tree as tree
-from losslessness.protocol import DRAFT_SCHEMES, InvalidInputError, validate_tree_inputs
-from losslessness.reference.tree import sample_siblings, verify_tree
+from losslessness.protocol import (
+    DRAFT_SCHEMES,
+    InvalidInputError,
+    sample_siblings,
+    validate_tree_inputs,
+)
+from losslessness.reference.tree import verify_tree
 from tests.reference.tree_helpers import dirichlet
 
 SEED = 20261125
