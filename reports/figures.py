@@ -35,6 +35,13 @@ from matplotlib.figure import Figure as MplFigure
 from scipy import stats
 from statsmodels.stats.proportion import proportion_confint
 
+from losslessness.checks.ids import (
+    ACCEPTANCE_CHECK_ID,
+    EDGE_DISJOINT_CHECK_ID,
+    EDGE_ONE_HOT_CHECK_ID,
+    EDGE_P_EQUALS_Q_CHECK_ID,
+    LAW_CHECK_ID,
+)
 from losslessness.results import AuditResult, CheckKind, CheckResult, TargetResult, Verdict
 
 VERDICT_COLORS = {
@@ -58,8 +65,8 @@ DPI = 100
 _MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "*")
 """Marker per check id (cycled with the colours, so that more than ten ids stay distinct)."""
 
-_LAW_CHECK_IDS = ("law", "edge.one-hot")
-_ACCEPTANCE_CHECK_IDS = ("acceptance", "edge.disjoint", "edge.p-equals-q")
+_LAW_CHECK_IDS = (LAW_CHECK_ID, EDGE_ONE_HOT_CHECK_ID)
+_ACCEPTANCE_CHECK_IDS = (ACCEPTANCE_CHECK_ID, EDGE_DISJOINT_CHECK_ID, EDGE_P_EQUALS_Q_CHECK_ID)
 _TICK_LABEL_CELLS = 16
 
 

@@ -50,6 +50,7 @@ import torch
 from losslessness.cases import ChainCase
 from losslessness.checks.assertions import case_laws, law_is_statistical
 from losslessness.checks.conditional_law import check_conditional_laws
+from losslessness.checks.ids import COUPLING_CHECK_ID, TWO_SAMPLE_CHECK_ID
 from losslessness.checks.precision import decision_tolerance, sample_tolerance
 from losslessness.checks.structure import emitted_counts
 from losslessness.protocol import PLACEHOLDER
@@ -286,7 +287,8 @@ def candidate_failed(
 
     Args:
         context: the comparison's context.
-        check_id: ``"coupling"`` (coupled path) or ``"law"`` (statistical path).
+        check_id: :data:`~losslessness.checks.ids.COUPLING_CHECK_ID` (coupled path) or
+            :data:`~losslessness.checks.ids.LAW_CHECK_ID` (statistical path).
         n: samples compared before the failure.
         device: where the candidate ran.
         dtype: the precision of its inputs.
@@ -334,7 +336,7 @@ def check_coupled_samples(
     if samples.failure is not None:
         return candidate_failed(
             context,
-            "coupling",
+            COUPLING_CHECK_ID,
             samples.n_steps * rows,
             device,
             dtype,
@@ -403,7 +405,7 @@ def check_coupled_samples(
         )
         verdict = Verdict.PASS
     return context.result(
-        "coupling",
+        COUPLING_CHECK_ID,
         kind=CheckKind.EXACT,
         verdict=verdict,
         n=n,
@@ -519,7 +521,7 @@ def check_two_sample(
                 )
             results.append(
                 context.result(
-                    "two-sample",
+                    TWO_SAMPLE_CHECK_ID,
                     kind=CheckKind.STATISTICAL,
                     verdict=verdict,
                     n=n_small,

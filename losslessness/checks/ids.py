@@ -8,6 +8,20 @@ GREEDY_CHECK_ID = "greedy"
 SEQUENCE_LAW_CHECK_ID = "sequence-law"
 SEQUENCE_GREEDY_CHECK_ID = "sequence-greedy"
 DRAFTS_ACCEPTED_CHECK_ID = "drafts-accepted"
+EDGE_DISJOINT_CHECK_ID = "edge.disjoint"
+"""Disjoint supports: no draft is ever accepted (an exact edge case of ``acceptance``)."""
+EDGE_ONE_HOT_CHECK_ID = "edge.one-hot"
+"""One-hot p: its token is always emitted (an exact edge case of ``law``)."""
+EDGE_P_EQUALS_Q_CHECK_ID = "edge.p-equals-q"
+"""p == q: every draft is accepted (an optimality edge case of ``acceptance``)."""
+COUPLING_CHECK_ID = "coupling"
+"""A device candidate fed the CPU reference's uniforms makes the same decisions."""
+TWO_SAMPLE_CHECK_ID = "two-sample"
+"""A device candidate's samples and the CPU reference's follow one law (no shared uniforms)."""
+PRECISION_CHECK_ID = "precision"
+"""Diagnostic: how far casting p and q to a dtype moves the step's laws (never a verdict)."""
+SUITE_CHECK_ID = "suite"
+"""One test of the property suite run on a target (:mod:`losslessness.engine.suite`)."""
 PVALUES_CHECK_ID = "pvalues"
 """The run-level uniformity test of one target's independent p-values
 (:mod:`losslessness.checks.pvalues`)."""
@@ -21,9 +35,9 @@ SAMPLED_CHAIN_CHECK_IDS = (STRUCTURE_CHECK_ID, *STATISTICAL_CHAIN_CHECK_IDS)
 
 CHAIN_CHECK_IDS = (
     *SAMPLED_CHAIN_CHECK_IDS,
-    "edge.disjoint",
-    "edge.one-hot",
-    "edge.p-equals-q",
+    EDGE_DISJOINT_CHECK_ID,
+    EDGE_ONE_HOT_CHECK_ID,
+    EDGE_P_EQUALS_Q_CHECK_ID,
 )
 """Check ids a chain verifier is audited with."""
 

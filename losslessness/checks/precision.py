@@ -27,10 +27,11 @@ from dataclasses import dataclass
 import torch
 
 from losslessness.cases import ChainCase
+from losslessness.checks.ids import PRECISION_CHECK_ID
 from losslessness.reference.laws import chain_laws, total_variation
 from losslessness.results import CheckContext, CheckKind, CheckResult, Verdict
 
-PRECISION_DIAGNOSTIC = "precision"
+PRECISION_DIAGNOSTIC = PRECISION_CHECK_ID
 """``CheckResult.details["diagnostic"]`` of precision results: they describe, never decide."""
 
 LOW_PRECISION_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -238,7 +239,7 @@ def check_precision(
             )
             results.append(
                 context.result(
-                    "precision",
+                    PRECISION_CHECK_ID,
                     kind=CheckKind.EXACT,
                     verdict=Verdict.PASS,
                     n=0,

@@ -42,6 +42,7 @@ from losslessness.checks.coupling import (
     check_coupled_samples,
     check_sampled_laws,
 )
+from losslessness.checks.ids import COUPLING_CHECK_ID, LAW_CHECK_ID, PRECISION_CHECK_ID
 from losslessness.checks.precision import cast_probabilities, check_precision
 from losslessness.engine.battery import default_chain_battery
 from losslessness.engine.draw import ProtocolViolation, coerce_output, rows_per_call, sample_chain
@@ -231,7 +232,7 @@ def draw_coupled_samples(
     rows, k = case.n_rows, case.k
     cast = CastVerifier(candidate, device, dtype)
     draft_law = cast_probabilities(case.draft_probs, dtype)
-    generator = torch.Generator().manual_seed(derive_seed(seed, "coupling", case.case_hash))
+    generator = torch.Generator().manual_seed(derive_seed(seed, COUPLING_CHECK_ID, case.case_hash))
     candidate_generator = torch.Generator().manual_seed(derive_seed(seed, "candidate"))
     reference_generator = torch.Generator().manual_seed(derive_seed(seed, "reference"))
     chunk = rows_per_call(case)
@@ -390,7 +391,7 @@ def _statistical_comparison(
     except Exception as error:
         failure = f"{type(error).__name__}: {error}"
         elapsed = time.perf_counter() - began
-        return [candidate_failed(context, "law", 0, str(device), dtype, failure, elapsed)]
+        return [candidate_failed(context, LAW_CHECK_ID, 0, str(device), dtype, failure, elapsed)]
     # Independent samples: the reference's seed differs from the candidate's.
     expected = sample_chain(reference, cast, n_steps, derive_seed(seed, "reference"))
     cast_context = CheckContext.for_case(
@@ -523,7 +524,8 @@ def run_device_checks(
         )
     for case in cases:
         context = CheckContext.for_case(
-            "precision", case, alpha=budget.per_assertion_alpha, power=0.9, tv=0.05, seed=seed
+            PRECISION_CHECK_ID, case, alpha=budget.per_assertion_alpha, power=0.9, tv=0.05,
+            seed=seed,
         )
         results += check_precision(case, context)
     return results, unavailable

@@ -21,10 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from losslessness.adapters import Adapter
+from losslessness.checks.ids import SUITE_CHECK_ID
 from losslessness.results import CheckKind, CheckResult, Verdict
-
-SUITE_CHECK_ID = "suite"
-"""Check id of property-suite results."""
 
 SUITE_TESTS = 2
 """Test functions in the suite (one per module of :data:`losslessness.pytest_plugin.SUITE_MODULES`):
