@@ -13,7 +13,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from losslessness.design import AuditConfig
+from losslessness.config import AuditConfig
 from losslessness.results import (
     SCHEMA_VERSION,
     AuditResult,

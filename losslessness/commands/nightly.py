@@ -39,7 +39,7 @@ from rich.console import Console
 
 from losslessness.commands.audit import report_console
 from losslessness.commands.options import build_config, design_options
-from losslessness.design import DEVICE_DEFAULTS, DEVICES, SUITE_PROFILES, RunConfig
+from losslessness.config import DEVICE_DEFAULTS, DEVICES, SUITE_PROFILES, RunConfig
 from losslessness.engine import (
     RunResult,
     ShardMergeError,

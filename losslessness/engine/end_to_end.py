@@ -21,7 +21,7 @@ from losslessness.checks import (
     check_sequence_law,
 )
 from losslessness.checks.sequence_law import GREEDY_SEQUENCE_RUNS, end_to_end_case_hash
-from losslessness.design import RunConfig
+from losslessness.config import RunConfig
 from losslessness.engine.draw import generate_sequences
 from losslessness.protocol import EndToEndGenerator, ReportsAcceptedLengths
 from losslessness.reference.decoding import greedy_decode

@@ -62,7 +62,7 @@ from losslessness.checks.ids import (
     TREE_GREEDY_CHECK_ID,
 )
 from losslessness.checks.tree import tree_assertions, tree_steps
-from losslessness.design import RunConfig
+from losslessness.config import RunConfig
 from losslessness.engine.battery import default_chain_battery, default_greedy_battery
 from losslessness.engine.draw import rows_per_call
 from losslessness.engine.end_to_end import EndToEndPlan, plan_end_to_end

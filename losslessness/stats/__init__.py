@@ -7,7 +7,7 @@ Python floats and ints.
 """
 
 from losslessness.stats.binomial import BinomialTestResult, acceptance_rate_test
-from losslessness.stats.budget import DEFAULT_FAMILY_WISE_ALPHA, ErrorBudget
+from losslessness.stats.error_budget import DEFAULT_FAMILY_WISE_ALPHA, ErrorBudget
 from losslessness.stats.identity import (
     EXPECTED_COUNT_FLOOR,
     IdentityTestResult,

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from losslessness.adapters import Adapter, resolve_adapter
-from losslessness.design import RunConfig
+from losslessness.config import RunConfig
 from losslessness.engine import ShardSpec, finish_run, plan_run, run_audit, run_shard
 from losslessness.engine.tables import CountTable
 from reports.jsonio import audit_to_dict

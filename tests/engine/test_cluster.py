@@ -24,7 +24,7 @@ import pytest
 from click.testing import CliRunner
 
 from losslessness.cli import main
-from losslessness.design import RunConfig
+from losslessness.config import RunConfig
 from losslessness.engine import ShardSpec, finish_run, make_plan, run_shard
 from losslessness.engine.cluster import (
     INSTALL_HINT,

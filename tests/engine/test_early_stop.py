@@ -13,9 +13,9 @@ from click.testing import CliRunner
 
 from losslessness.adapters import Adapter, resolve_adapter
 from losslessness.cli import main
-from losslessness.design import RunConfig
+from losslessness.config import RunConfig
 from losslessness.engine import plan_run, run_audit
-from losslessness.engine.budget import FIT_FRACTION, fit_time_budget
+from losslessness.engine.time_budget import FIT_FRACTION, fit_time_budget
 from losslessness.reference import verify
 from losslessness.results import CheckKind, TargetVerdict, Verdict
 from losslessness.stats.sequential import SEQUENTIAL_ALPHA_SHARE

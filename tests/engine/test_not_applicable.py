@@ -17,7 +17,7 @@ import torch
 
 from losslessness.adapters import Adapter, NotApplicable, resolve_adapter
 from losslessness.adapters.vllm import SamplerOptions
-from losslessness.design import RunConfig
+from losslessness.config import RunConfig
 from losslessness.engine import (
     ShardSpec,
     finish_run,

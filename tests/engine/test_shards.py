@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from losslessness.adapters import Adapter, resolve_adapter
 from losslessness.cli import main
-from losslessness.design import RunConfig
+from losslessness.config import RunConfig
 from losslessness.engine import (
     RunPlan,
     ShardMergeError,

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from losslessness.adapters import resolve_adapter
 from losslessness.checks.tree import tree_assertions, tree_steps
 from losslessness.cli import main
-from losslessness.design import RunConfig
+from losslessness.config import RunConfig
 from losslessness.engine.plan import MIN_STEPS, PlanRecord, plan_run
 from losslessness.engine.run import finish_run, run_shard
 from losslessness.engine.shards import ShardSpec, load_shard, save_shard

@@ -12,7 +12,7 @@ import pytest
 from rich.console import Console
 
 from losslessness.adapters import resolve_adapter
-from losslessness.design import AuditConfig
+from losslessness.config import AuditConfig
 from losslessness.engine import UnavailableTarget, run_audit
 from losslessness.results import AuditResult
 from reports import audit_from_dict, audit_to_dict, print_audit, read_json, write_json

@@ -118,7 +118,7 @@ class RunConfig(RunDesign):
             every planned step (the fixed design).
         time_budget_s: seconds the run may sample for (``--time-budget``): a warm-up measures
             every target's throughput and the design TV is raised until the plan fits
-            (:mod:`losslessness.engine.budget`); sampling stops at the budget. None: no
+            (:mod:`losslessness.engine.time_budget`); sampling stops at the budget. None: no
             budget.
 
     Raises:

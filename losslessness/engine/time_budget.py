@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 from losslessness.adapters import Adapter
 from losslessness.cases import ChainCase, TreeCase
-from losslessness.design import RunConfig
+from losslessness.config import RunConfig
 from losslessness.engine.draw import (
     ChainSampler,
     call_schedule,
