@@ -1137,14 +1137,14 @@ def _suite_alpha() -> float:
 def _run_environment(merged: MergedShards) -> dict[str, str]:
     plan = merged.plan
     config = plan.config
-    if config.budget == 1 and len(merged.shards) == 1 and not plan.suite_targets:
+    if config.step_multiplier == 1 and len(merged.shards) == 1 and not plan.suite_targets:
         return {}
     suites = len(plan.suite_targets)
     suite_alpha = _suite_alpha() if suites else 0.0
     bound = config.family_wise_alpha + suites * suite_alpha
     return {
         "run": (
-            f"budget {config.budget:g}x the CI plan on {config.device}; "
+            f"steps x{config.step_multiplier:g} of the CI plan on {config.device}; "
             f"{len(merged.shards)} shard(s) merged; plan {merged.fingerprint[:12]}"
         ),
         "error budget": (

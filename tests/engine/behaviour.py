@@ -90,10 +90,12 @@ def reference() -> dict[str, Any]:
 
 
 def chain_mutant() -> dict[str, Any]:
-    """A lossy chain mutant of the zoo at a tenth of the CI budget, fixed design (with early
-    stopping the cases are interleaved by the time each has spent, so where the others stop
-    depends on the machine's speed)."""
-    return _audit(["mutant/residual-zeroes-rejected-token"], budget=0.1, early_stop=False)
+    """A lossy chain mutant of the zoo at a tenth of the CI plan's steps, fixed design (with
+    early stopping the cases are interleaved by the time each has spent, so where the others
+    stop depends on the machine's speed)."""
+    return _audit(
+        ["mutant/residual-zeroes-rejected-token"], step_multiplier=0.1, early_stop=False
+    )
 
 
 def chain_mutant_early_stop() -> dict[str, Any]:
@@ -110,7 +112,7 @@ def tree_mutant() -> dict[str, Any]:
 def sharded() -> dict[str, Any]:
     """Two shards of a chunked fixed-design grid, merged."""
     config = RunConfig(
-        budget=0.05,
+        step_multiplier=0.05,
         cases=("v2-tilted", "v8-far", "v32-mixed-batch", "edge-disjoint", "greedy-v8-ties"),
         suite=False,
         device_checks=False,

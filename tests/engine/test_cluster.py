@@ -46,7 +46,7 @@ LOSSY_TARGET = "mutant/residual-zeroes-rejected-token"
 CASES = ("v2-tilted", "v8-far", "edge-disjoint", "greedy-v2-random")
 CONFIG = RunConfig.nightly(
     "cpu",
-    budget=0.05,
+    step_multiplier=0.05,
     cases=CASES,
     suite=False,
     device_checks=False,
