@@ -44,15 +44,18 @@ import scipy.special
 import scipy.stats
 from numpy.typing import ArrayLike, NDArray
 
-from losslessness.stats.binomial import _check_rate, acceptance_rate_test
+from losslessness.stats.binomial import acceptance_rate_test
 from losslessness.stats.identity import (
     EXPECTED_COUNT_FLOOR,
-    _check_expected_floor,
-    _check_nonnegative_int,
-    _check_open_unit_interval,
-    _check_real,
-    _pooling_partition,
     as_probs,
+    pooling_partition_unchecked,
+)
+from losslessness.stats.validation import (
+    check_expected_floor,
+    check_nonnegative_int,
+    check_open_unit_interval,
+    check_rate,
+    check_tv,
 )
 
 __all__ = [
@@ -68,13 +71,6 @@ __all__ = [
 
 _MAX_SEARCH_N = 2**60
 """Upper end of :func:`plan_identity_test`'s search when no ``max_n`` is given."""
-
-
-def _check_tv(value: object, name: str = "tv") -> float:
-    tv = _check_real(value, name)
-    if not 0.0 < tv <= 1.0:
-        raise ValueError(f"{name}: must lie in (0, 1], got {tv!r}")
-    return tv
 
 
 @functools.lru_cache(maxsize=4096)
@@ -116,10 +112,10 @@ def chi_square_power(n: int, tv: float, df: int, alpha: float) -> float:
     Notes:
         Cohen (1988), ch. 7; ``scipy.stats.chi2`` and ``scipy.stats.ncx2``.
     """
-    size = _check_nonnegative_int(n, "n")
-    distance = _check_tv(tv)
-    dof = _check_nonnegative_int(df, "df")
-    level = _check_open_unit_interval(alpha, "alpha")
+    size = check_nonnegative_int(n, "n")
+    distance = check_tv(tv)
+    dof = check_nonnegative_int(df, "df")
+    level = check_open_unit_interval(alpha, "alpha")
     if dof == 0:
         return 0.0
     critical = float(scipy.stats.chi2.isf(level, dof))
@@ -150,10 +146,10 @@ def minimum_detectable_tv(n: int, df: int, alpha: float, power: float) -> float:
     Notes:
         Cohen (1988), ch. 7.
     """
-    size = _check_nonnegative_int(n, "n")
-    dof = _check_nonnegative_int(df, "df")
-    level = _check_open_unit_interval(alpha, "alpha")
-    target = _check_open_unit_interval(power, "power")
+    size = check_nonnegative_int(n, "n")
+    dof = check_nonnegative_int(df, "df")
+    level = check_open_unit_interval(alpha, "alpha")
+    target = check_open_unit_interval(power, "power")
     if size == 0 or dof == 0:
         return math.inf
     return math.sqrt(_noncentrality(dof, level, target) / size) / 2.0
@@ -178,12 +174,12 @@ def chi_square_sample_size(tv: float, df: int, alpha: float, power: float) -> in
     Notes:
         Cohen (1988), ch. 7.
     """
-    distance = _check_tv(tv)
-    dof = _check_nonnegative_int(df, "df")
+    distance = check_tv(tv)
+    dof = check_nonnegative_int(df, "df")
     if dof == 0:
         raise ValueError("df: must be >= 1; a one-cell test has no power at any n")
-    level = _check_open_unit_interval(alpha, "alpha")
-    target = _check_open_unit_interval(power, "power")
+    level = check_open_unit_interval(alpha, "alpha")
+    target = check_open_unit_interval(power, "power")
     lam = _noncentrality(dof, level, target)
     n = math.ceil(lam / (2.0 * distance) ** 2)
     # The root is found to ~1e-12; step by one where rounding put n one off the true boundary.
@@ -211,8 +207,8 @@ def exact_check_minimum_detectable_rate(n: int, power: float) -> float:
     Raises:
         ValueError: naming ``n`` or ``power``.
     """
-    size = _check_nonnegative_int(n, "n")
-    target = _check_open_unit_interval(power, "power")
+    size = check_nonnegative_int(n, "n")
+    target = check_open_unit_interval(power, "power")
     if size == 0:
         return math.inf
     # expm1/log1p keep precision when the rate is tiny (large n).
@@ -255,7 +251,7 @@ def _identity_plan(
             minimum_detectable_tv=exact_check_minimum_detectable_rate(n, power),
             capped=False,
         )
-    _, df, pooled_mass = _pooling_partition(p, n, floor)
+    _, df, pooled_mass = pooling_partition_unchecked(p, n, floor)
     bound = minimum_detectable_tv(n, df, alpha, power) + pooled_mass
     return IdentityPlan(
         n=n, df=df, pooled_mass=pooled_mass, minimum_detectable_tv=bound, capped=False
@@ -304,10 +300,10 @@ def identity_minimum_detectable_tv(
         ValueError: naming the invalid argument.
     """
     p = as_probs(probs)
-    size = _check_nonnegative_int(n, "n")
-    level = _check_open_unit_interval(alpha, "alpha")
-    target = _check_open_unit_interval(power, "power")
-    floor = _check_expected_floor(expected_floor)
+    size = check_nonnegative_int(n, "n")
+    level = check_open_unit_interval(alpha, "alpha")
+    target = check_open_unit_interval(power, "power")
+    floor = check_expected_floor(expected_floor)
     return _identity_plan(p, size, level, target, floor)
 
 
@@ -345,13 +341,13 @@ def plan_identity_test(
             (only possible without ``max_n``).
     """
     p = as_probs(probs)
-    distance = _check_tv(tv)
-    level = _check_open_unit_interval(alpha, "alpha")
-    target = _check_open_unit_interval(power, "power")
-    floor = _check_expected_floor(expected_floor)
+    distance = check_tv(tv)
+    level = check_open_unit_interval(alpha, "alpha")
+    target = check_open_unit_interval(power, "power")
+    floor = check_expected_floor(expected_floor)
     limit = _MAX_SEARCH_N
     if max_n is not None:
-        limit = _check_nonnegative_int(max_n, "max_n")
+        limit = check_nonnegative_int(max_n, "max_n")
         if limit < 1:
             raise ValueError("max_n: must be >= 1")
 
@@ -480,10 +476,10 @@ def binomial_minimum_detectable_shift(n: int, rate: float, alpha: float, power: 
     Raises:
         ValueError: naming the invalid argument.
     """
-    trials = _check_nonnegative_int(n, "n")
-    null_rate = _check_rate(rate, "rate")
-    level = _check_open_unit_interval(alpha, "alpha")
-    target = _check_open_unit_interval(power, "power")
+    trials = check_nonnegative_int(n, "n")
+    null_rate = check_rate(rate, "rate")
+    level = check_open_unit_interval(alpha, "alpha")
+    target = check_open_unit_interval(power, "power")
     if trials == 0:
         return math.inf
     low, high = _binomial_rejection_region(trials, null_rate, level)

@@ -34,7 +34,7 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy import special
 
-from losslessness.stats.identity import _check_open_unit_interval
+from losslessness.stats.validation import check_open_unit_interval
 
 __all__ = [
     "KT_CONCENTRATION",
@@ -91,7 +91,7 @@ def split_alpha(alpha: float, share: float = SEQUENTIAL_ALPHA_SHARE) -> AlphaSpl
     Raises:
         ValueError: naming ``alpha`` or ``share`` when out of range.
     """
-    level = _check_open_unit_interval(alpha, "alpha")
+    level = check_open_unit_interval(alpha, "alpha")
     if not 0.0 <= share < 1.0:
         raise ValueError(f"share: must lie in [0, 1), got {share!r}")
     return AlphaSplit(level * share, level * (1.0 - share))

@@ -41,13 +41,15 @@ from numpy.typing import ArrayLike
 
 from losslessness.stats.identity import (
     EXPECTED_COUNT_FLOOR,
-    _check_expected_floor,
-    _check_nonnegative_int,
-    _check_open_unit_interval,
-    _pooling_partition,
     as_counts,
+    pooling_partition_unchecked,
 )
 from losslessness.stats.power import chi_square_sample_size, minimum_detectable_tv
+from losslessness.stats.validation import (
+    check_expected_floor,
+    check_nonnegative_int,
+    check_open_unit_interval,
+)
 
 __all__ = [
     "TwoSampleTestResult",
@@ -125,14 +127,14 @@ def two_sample_test(
         raise ValueError(
             f"counts_b: length {b.shape[0]} does not match counts_a length {a.shape[0]}"
         )
-    floor = _check_expected_floor(expected_floor)
+    floor = check_expected_floor(expected_floor)
     n_a, n_b = int(a.sum()), int(b.sum())
     total = a + b
     n = n_a + n_b
     if n == 0:
         return TwoSampleTestResult(0.0, 1.0, 0, 0, 0, 0, 0, 0.0, floor)
     pooled_law = total / float(n)
-    pooled, df, pooled_mass = _pooling_partition(pooled_law, min(n_a, n_b), floor)
+    pooled, df, pooled_mass = pooling_partition_unchecked(pooled_law, min(n_a, n_b), floor)
     n_pooled = int(pooled.sum())
     if df == 0:
         return TwoSampleTestResult(0.0, 1.0, 0, 1, n_a, n_b, n_pooled, pooled_mass, floor)
@@ -181,11 +183,11 @@ def two_sample_minimum_detectable_tv(
     Raises:
         ValueError: naming the argument that is out of range or of the wrong type.
     """
-    size_a = _check_nonnegative_int(n_a, "n_a")
-    size_b = _check_nonnegative_int(n_b, "n_b")
-    dof = _check_nonnegative_int(df, "df")
-    level = _check_open_unit_interval(alpha, "alpha")
-    target = _check_open_unit_interval(power, "power")
+    size_a = check_nonnegative_int(n_a, "n_a")
+    size_b = check_nonnegative_int(n_b, "n_b")
+    dof = check_nonnegative_int(df, "df")
+    level = check_open_unit_interval(alpha, "alpha")
+    target = check_open_unit_interval(power, "power")
     if size_a == 0 or size_b == 0 or dof == 0:
         return math.inf
     effective = size_a * size_b / (size_a + size_b)

@@ -72,6 +72,8 @@ import scipy.special
 import scipy.stats
 from numpy.typing import ArrayLike, NDArray
 
+from losslessness.stats.validation import check_real
+
 __all__ = [
     "DEFAULT_ALPHA0",
     "UniformityTestResult",
@@ -142,9 +144,7 @@ def as_pvalues(pvalues: ArrayLike, name: str = "pvalues") -> NDArray[np.float64]
 
 
 def _check_alpha0(alpha0: object) -> float:
-    if isinstance(alpha0, (bool, np.bool_)) or not isinstance(alpha0, (int, float, np.number)):
-        raise ValueError(f"alpha0: must be a real number, got {type(alpha0).__name__}")
-    value = float(alpha0)
+    value = check_real(alpha0, "alpha0")
     if not 0.0 < value <= 1.0:
         raise ValueError(f"alpha0: must lie in (0, 1], got {value!r}")
     return value
