@@ -6,9 +6,15 @@ Contract (in the manner of TFP's ``statistical_testing``):
   two-sided test gives ``pvalue <= alpha`` with probability at most ``alpha`` (exact test, no
   approximation; conservative because the binomial is discrete).
 - **Code whose rate is off by more than the minimum detectable shift fails with the stated
-  power**; :func:`losslessness.stats.power.binomial_minimum_detectable_shift` gives that shift
-  for ``n``.
+  power**; :func:`losslessness.stats.power.acceptance_rate_minimum_detectable_shift` gives that
+  shift for ``n``, and :func:`losslessness.stats.power.acceptance_rate_sample_size` the ``n``
+  for a shift.
 - **Nothing is claimed below it.**
+
+The triples: :func:`acceptance_rate_test` / ``power.acceptance_rate_minimum_detectable_shift``
+/ ``power.acceptance_rate_sample_size``; :func:`rate_bound_test` /
+:func:`rate_bound_minimum_detectable_shift` / ``power.rate_bound_sample_size`` (the sample
+sizes live in :mod:`losslessness.stats.power`, which imports this module).
 
 The direction matters to the verdict (DESIGN.md section 4): an acceptance rate significantly
 *higher* than ``sum(min(p, q))`` proves loss, significantly *lower* is only suboptimal. The test is

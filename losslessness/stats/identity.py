@@ -15,6 +15,9 @@ Contract (in the manner of TFP's ``statistical_testing``):
 - **Nothing is claimed below it.** A deviation smaller than the minimum detectable TV, or hidden
   inside the pooled cell, may pass.
 
+The triple: :func:`identity_test` / :func:`losslessness.stats.power.identity_minimum_detectable_tv`
+/ :func:`losslessness.stats.power.plan_identity_test`.
+
 Shapes: ``counts`` and ``probs`` are ``[V]``; ``V`` is the vocabulary (number of cells).
 
 References:

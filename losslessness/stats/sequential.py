@@ -23,6 +23,12 @@ is a martingale.
 All values are natural logarithms of e-values. Exactness: the guarantee holds for any
 ``alpha``; calibration tests measure it where it can be resolved (1e-2, 1e-3), and at the
 per-assertion levels of a run (about 1e-6) it is Ville's inequality, not an extrapolation.
+
+No TFP triple here, by design: the assertion is "the log e-value crosses ``log(1 / alpha)``"
+(at the sequential share of :func:`split_alpha`), but an e-process is not sized. Each one runs
+beside a fixed-n test (identity or binomial, :mod:`losslessness.stats.power`) that keeps the
+rest of the level and carries the stated minimum detectable discrepancy and sample size; the
+e-process can only stop a lossy case earlier.
 """
 
 from __future__ import annotations

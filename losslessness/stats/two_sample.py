@@ -15,6 +15,9 @@ Contract (in the manner of TFP's ``statistical_testing``, like
   :func:`two_sample_sample_size` the per-sample ``n`` (equal sizes) for a given TV.
 - **Nothing is claimed below it**, nor for a difference hidden inside the pooled cell.
 
+The triple: :func:`two_sample_test` / :func:`two_sample_minimum_detectable_tv` /
+:func:`two_sample_sample_size`.
+
 Pooling follows the identity test's one rule (:func:`losslessness.stats.identity.
 pooling_partition`, "cells expected below the floor pool into one"), applied to the pooled
 empirical law ``(a + b) / (n_a + n_b)`` at the smaller sample's size ``min(n_a, n_b)``: under the
@@ -44,7 +47,7 @@ from losslessness.stats.identity import (
     as_counts,
     pooling_partition_unchecked,
 )
-from losslessness.stats.power import chi_square_sample_size, minimum_detectable_tv
+from losslessness.stats.power import chi_square_minimum_detectable_tv, chi_square_sample_size
 from losslessness.stats.validation import (
     check_expected_floor,
     check_nonnegative_int,
@@ -168,7 +171,8 @@ def two_sample_minimum_detectable_tv(
     chi-square(df) with noncentrality ``n_eff * w**2``, ``n_eff = n_a n_b / (n_a + n_b)`` and
     ``w**2 = sum((p_a - p_b)**2 / pbar)``, ``pbar`` the mixture weighted by the sample sizes
     (Cohen 1988, ch. 7); by Cauchy-Schwarz ``w >= sum |p_a - p_b| = 2 TV``. So this is
-    :func:`losslessness.stats.power.minimum_detectable_tv` at the effective size ``n_eff``:
+    :func:`losslessness.stats.power.chi_square_minimum_detectable_tv` at the effective size
+    ``n_eff``:
     about ``sqrt(2)`` times the identity test's at ``n`` for two samples of ``n`` each.
 
     Args:
@@ -191,8 +195,8 @@ def two_sample_minimum_detectable_tv(
     if size_a == 0 or size_b == 0 or dof == 0:
         return math.inf
     effective = size_a * size_b / (size_a + size_b)
-    # minimum_detectable_tv(n) = sqrt(lambda / n) / 2, so scale its value at n = 1.
-    return minimum_detectable_tv(1, dof, level, target) / math.sqrt(effective)
+    # chi_square_minimum_detectable_tv(n) = sqrt(lambda / n) / 2, so scale its value at n = 1.
+    return chi_square_minimum_detectable_tv(1, dof, level, target) / math.sqrt(effective)
 
 
 def two_sample_sample_size(tv: float, df: int, alpha: float, power: float) -> int:

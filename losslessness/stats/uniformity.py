@@ -59,6 +59,11 @@ and they are independent, the test is conservative, by coupling each p-value abo
 Chi-square identity-test p-values are uniform only approximately; the calibration tests
 (``tests/calibration/test_uniformity_calibration.py``) measure the false-alarm rate with them.
 
+No TFP triple: the assertion is :func:`uniformity_test`, but it has no planned minimum
+detectable effect or sample size (its power against the zoo is measured,
+``benchmarks/uniformity_power.py``); it adds power to the per-assertion tests, which carry the
+run's stated minimum detectable TVs.
+
 Shapes: ``pvalues`` is ``[m]`` (any 1-D array-like, any order).
 """
 
