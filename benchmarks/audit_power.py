@@ -15,7 +15,7 @@ import collections
 import time
 
 from losslessness.adapters import resolve_adapter
-from losslessness.design import AuditConfig
+from losslessness.config import AuditConfig
 from losslessness.engine import run_audit
 
 TARGETS = (

@@ -33,7 +33,7 @@ from click.testing import CliRunner
 
 from losslessness.adapters import Adapter, resolve_adapter
 from losslessness.cli import main
-from losslessness.design import AuditConfig
+from losslessness.config import AuditConfig
 from losslessness.engine import plan_run, run_audit
 from losslessness.engine.draw import rows_per_call
 from losslessness.reference import sample_inverse_cdf

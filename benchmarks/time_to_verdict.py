@@ -19,7 +19,7 @@ from pathlib import Path
 
 from losslessness.adapters import resolve_adapter
 from losslessness.adapters.mutants import MUTANTS
-from losslessness.design import RunConfig
+from losslessness.config import RunConfig
 from losslessness.engine import run_audit
 from losslessness.results import TargetVerdict
 

@@ -22,9 +22,9 @@ import torch
 
 import losslessness
 from losslessness.cases import ChainCase, GreedyCase
-from losslessness.design import RunConfig
+from losslessness.config import RunConfig
 
-SCHEMA_VERSION = "2"
+SCHEMA_VERSION = "3"
 """Version of the :class:`AuditResult` JSON layout (docs/report-schema.md)."""
 
 

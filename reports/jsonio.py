@@ -1,4 +1,5 @@
-"""JSON form of an :class:`AuditResult` (schema version :data:`SCHEMA_VERSION`).
+"""JSON form of an :class:`AuditResult` (schema version :data:`SCHEMA_VERSION`; the reader also
+takes the versions of :data:`READABLE_SCHEMA_VERSIONS`).
 
 Layout: the dataclass fields of AuditResult, AuditConfig, TargetResult and CheckResult as
 JSON objects; enums as their string values; tuples as arrays; non-finite floats (an infinite
@@ -13,7 +14,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from losslessness.design import AuditConfig
+from losslessness.config import AuditConfig
 from losslessness.results import (
     SCHEMA_VERSION,
     AuditResult,
@@ -21,6 +22,12 @@ from losslessness.results import (
     TargetVerdict,
     check_from_dict,
 )
+
+READABLE_SCHEMA_VERSIONS = ("2", SCHEMA_VERSION)
+"""Schema versions :func:`audit_from_dict` reads. Version 2 differs from 3 only in the name of
+``config.budget`` (now ``config.step_multiplier``), which
+:meth:`~losslessness.config.RunConfig.from_json` reads under either name; so the trends still
+compare against nights recorded before the rename."""
 
 
 def _plain(value: Any) -> Any:
@@ -42,14 +49,17 @@ def audit_to_dict(result: AuditResult) -> dict[str, Any]:
 
 
 def audit_from_dict(data: dict[str, Any]) -> AuditResult:
-    """Rebuild an :class:`AuditResult` from :func:`audit_to_dict`'s output.
+    """Rebuild an :class:`AuditResult` from :func:`audit_to_dict`'s output, or from a record of
+    an earlier readable version (:data:`READABLE_SCHEMA_VERSIONS`), which comes back in the
+    current layout (``schema_version`` :data:`SCHEMA_VERSION`).
 
     Raises:
-        ValueError: the schema version is not :data:`SCHEMA_VERSION`.
+        ValueError: the schema version is not one of :data:`READABLE_SCHEMA_VERSIONS`.
     """
-    if data.get("schema_version") != SCHEMA_VERSION:
+    if data.get("schema_version") not in READABLE_SCHEMA_VERSIONS:
         raise ValueError(
-            f"schema_version: expected {SCHEMA_VERSION!r}, got {data.get('schema_version')!r}"
+            f"schema_version: expected one of {READABLE_SCHEMA_VERSIONS!r}, "
+            f"got {data.get('schema_version')!r}"
         )
 
     targets = []
@@ -59,6 +69,7 @@ def audit_from_dict(data: dict[str, Any]) -> AuditResult:
         values["checks"] = [check_from_dict(check) for check in values["checks"]]
         targets.append(TargetResult(**values))
     values = dict(data)
+    values["schema_version"] = SCHEMA_VERSION
     values["config"] = AuditConfig.from_json(data["config"])
     values["targets"] = targets
     return AuditResult(**values)

@@ -6,7 +6,7 @@ constants, not magic numbers.
 
 - :func:`probability_vectors` (regimes :data:`REGIMES`) and :func:`target_draft_pairs`
   (relations :data:`RELATIONS`): ``[V]`` tensors built in float64, optionally cast to float32,
-  float16 or bfloat16 (:func:`cast_probabilities`, :func:`row_sum_tolerance`,
+  float16 or bfloat16 (:func:`renormalise_then_cast`, :func:`row_sum_tolerance`,
   :func:`effective_probabilities`).
 - :func:`logits_vectors`: ``[V]`` float64 logits with ``-inf`` masks, large magnitudes and ties.
 - :func:`sampling_parameters`, :class:`SamplingParameters` and
@@ -33,9 +33,9 @@ from strategies.distributions import (
     PROBABILITY_DTYPES,
     REGIMES,
     RELATIONS,
-    cast_probabilities,
     effective_probabilities,
     probability_vectors,
+    renormalise_then_cast,
     row_sum_tolerance,
     target_draft_pairs,
 )
@@ -66,7 +66,6 @@ __all__ = [
     "VerifyCase",
     "add_profile_option",
     "apply_sampling_parameters",
-    "cast_probabilities",
     "chain_cases",
     "configure_profile",
     "effective_probabilities",
@@ -76,6 +75,7 @@ __all__ = [
     "logits_vectors",
     "probability_vectors",
     "recording_labels",
+    "renormalise_then_cast",
     "row_sum_tolerance",
     "sampling_parameters",
     "target_draft_pairs",

@@ -36,8 +36,8 @@ from strategies.distributions import (
     RELATIONS,
     _draw_pair,
     _draw_vector,
-    cast_probabilities,
     effective_probabilities,
+    renormalise_then_cast,
 )
 from strategies.logits import (
     DEFAULT_MAX_LOGIT_MAGNITUDE,
@@ -376,7 +376,7 @@ def verify_cases(
     ``r`` of p and q becomes ``apply_sampling_parameters(log r, params)`` (the same parameters
     for target and draft, as an engine applies its user's settings to both models). Finally
     the rows are renormalised in float64 and cast to the drawn dtype
-    (:func:`strategies.distributions.cast_probabilities`), and their float64 meaning is kept
+    (:func:`strategies.distributions.renormalise_then_cast`), and their float64 meaning is kept
     in ``target_probs64`` / ``draft_probs64``. Reports ``event("dtype=...")`` and
     ``event("sampling=none")`` or ``event("sampling=on")`` besides the regime and relation
     events of the rows.
@@ -438,8 +438,8 @@ def verify_cases(
         if params is not None:
             target = apply_sampling_parameters(torch.log(target), params)
             draft = apply_sampling_parameters(torch.log(draft), params)
-        target_cast = cast_probabilities(target, dtype)
-        draft_cast = cast_probabilities(draft, dtype)
+        target_cast = renormalise_then_cast(target, dtype)
+        draft_cast = renormalise_then_cast(draft, dtype)
         return VerifyCase(
             target_probs=target_cast,
             draft_probs=draft_cast,

@@ -77,7 +77,7 @@ largest of each in one test case (labels :data:`TV_TARGET_LABEL`,
 :data:`SMALLEST_MASS_TARGET_LABEL`).
 
 Low-precision casts
-    :func:`cast_probabilities` renormalises in float64 and casts last. Summed in float64 (as
+    :func:`renormalise_then_cast` renormalises in float64 and casts last. Summed in float64 (as
     :mod:`losslessness.protocol` sums), a cast row of ``V`` tokens sums to 1 within
     :func:`row_sum_tolerance` ``(dtype, V)`` ``= 1e-12 + u + V * h + V * 2**-53``, ``u`` the
     unit round-off and ``h`` half the smallest subnormal of the dtype (each entry moves by at
@@ -152,10 +152,10 @@ __all__ = [
     "TV_TARGET_LABEL",
     "ZIPF_EXPONENT_RANGE",
     "ZIPF_OFFSET_RANGE",
-    "cast_probabilities",
     "check_vocab_size",
     "effective_probabilities",
     "probability_vectors",
+    "renormalise_then_cast",
     "row_sum_tolerance",
     "target_draft_pairs",
 ]
@@ -371,7 +371,7 @@ def _draw_vector(
 
 def row_sum_tolerance(dtype: torch.dtype, vocab_size: int) -> float:
     """Bound on ``|sum(row) - 1|`` (summed in float64) of a row of ``vocab_size`` tokens cast to
-    ``dtype`` by :func:`cast_probabilities`; see "Low-precision casts" in the module docstring.
+    ``dtype`` by :func:`renormalise_then_cast`; see "Low-precision casts" in the module docstring.
 
     Args:
         dtype: one of :data:`PROBABILITY_DTYPES`.
@@ -394,8 +394,10 @@ def row_sum_tolerance(dtype: torch.dtype, vocab_size: int) -> float:
     )
 
 
-def cast_probabilities(probs: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Renormalise the rows of ``probs`` ``[..., V]`` in float64, then cast to ``dtype``.
+def renormalise_then_cast(probs: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Renormalise the rows of ``probs`` ``[..., V]`` in float64, then cast to ``dtype``: the
+    rows a verifier is fed in ``dtype`` (the law it is then given is
+    :func:`losslessness.checks.precision.law_after_cast` of them, cast first).
 
     Args:
         probs: ``[..., V]`` non-negative tensor, each row with positive mass.
@@ -439,7 +441,7 @@ def probability_vectors(
             ``V == 1`` every regime gives ``[1.0]``. Each draw reports ``event("regime=...")``
             and targets ``-log10`` of its smallest positive mass.
         dtype: one of :data:`PROBABILITY_DTYPES`; the vector is normalised in float64 and cast
-            last (:func:`cast_probabilities`).
+            last (:func:`renormalise_then_cast`).
 
     Returns:
         A strategy of ``[V]`` CPU tensors of ``dtype``, non-negative, summing (in float64) to 1
@@ -460,7 +462,7 @@ def probability_vectors(
     def vectors(draw: st.DrawFn) -> torch.Tensor:
         size = draw_vocab_size(draw, vocab_size, minimum, f"regime={regime!r}")
         vector = torch.from_numpy(_draw_vector(draw, size, regime))
-        return vector if dtype == torch.float64 else cast_probabilities(vector, dtype)
+        return vector if dtype == torch.float64 else renormalise_then_cast(vector, dtype)
 
     return vectors()
 
@@ -608,6 +610,6 @@ def target_draft_pairs(
         p, q = (torch.from_numpy(vector) for vector in _draw_pair(draw, size, relation))
         if dtype == torch.float64:
             return p, q
-        return cast_probabilities(p, dtype), cast_probabilities(q, dtype)
+        return renormalise_then_cast(p, dtype), renormalise_then_cast(q, dtype)
 
     return pairs()

@@ -54,8 +54,8 @@ from losslessness.reference.laws import ChainLaws, PrefixAcceptanceBound, prefix
 from losslessness.results import AcceptanceCounts, CheckContext, CheckKind, CheckResult, Verdict
 from losslessness.samples import ChainSamples
 from losslessness.stats import (
+    acceptance_rate_minimum_detectable_shift,
     acceptance_rate_test,
-    binomial_minimum_detectable_shift,
     exact_check_minimum_detectable_rate,
 )
 from losslessness.stats.binomial import rate_bound_minimum_detectable_shift, rate_bound_test
@@ -169,7 +169,7 @@ def check_acceptance(
                     verdict=verdict,
                     statistic=test.statistic,
                     p_value=test.pvalue,
-                    min_detectable_tv=binomial_minimum_detectable_shift(
+                    min_detectable_tv=acceptance_rate_minimum_detectable_shift(
                         reached, expected, context.alpha, context.power
                     ),
                     wall_time_s=time.perf_counter() - began,

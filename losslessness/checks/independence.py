@@ -23,7 +23,7 @@ from losslessness.checks.assertions import case_laws, independence_is_statistica
 from losslessness.checks.ids import INDEPENDENCE_CHECK_ID
 from losslessness.results import CheckContext, CheckKind, CheckResult, Verdict
 from losslessness.samples import ChainSamples
-from losslessness.stats import minimum_detectable_tv
+from losslessness.stats import chi_square_minimum_detectable_tv
 
 MIN_EXPECTED_PAIR_COUNT = 20.0
 """A token gets its own category when it is expected to appear in both rows of at least this
@@ -153,7 +153,9 @@ def check_row_independence(samples: ChainSamples, context: CheckContext) -> list
                 statistic=statistic,
                 df=dof,
                 p_value=pvalue,
-                min_detectable_tv=minimum_detectable_tv(n_pairs, dof, context.alpha, context.power),
+                min_detectable_tv=chi_square_minimum_detectable_tv(
+                    n_pairs, dof, context.alpha, context.power
+                ),
                 wall_time_s=time.perf_counter() - began,
                 message=message,
                 details=details,

@@ -110,9 +110,11 @@ def sample_tolerance(dtype: torch.dtype, vocab_size: int, mass: float) -> float:
     return min(1.0, bound)
 
 
-def cast_probabilities(probs: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def law_after_cast(probs: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """The law an implementation receiving ``probs`` in ``dtype`` is given: cast, then
     renormalised in float64 (a row whose every mass underflowed keeps its largest entry).
+    The opposite order of :func:`strategies.renormalise_then_cast`, which makes the rows an
+    implementation is fed.
 
     Args:
         probs: ``[..., V]`` float rows summing to 1.
@@ -196,7 +198,7 @@ def precision_report(case: ChainCase, row: int, dtype: torch.dtype) -> Precision
     unit_roundoff(dtype)
     p, q = case.target_probs[row], case.draft_probs[row]
     exact = chain_laws(p, q)
-    cast = chain_laws(cast_probabilities(p, dtype), cast_probabilities(q, dtype))
+    cast = chain_laws(law_after_cast(p, dtype), law_after_cast(q, dtype))
     return PrecisionReport(
         dtype=str(dtype),
         emitted_tv=tuple(float(x) for x in total_variation(exact.emitted, cast.emitted)),

@@ -60,10 +60,10 @@ from losslessness.results import CheckContext, CheckKind, CheckResult, Verdict
 from losslessness.samples import TreeSamples
 from losslessness.seeding import derive_seed
 from losslessness.stats import (
+    chi_square_minimum_detectable_tv,
     exact_check_minimum_detectable_rate,
     identity_minimum_detectable_tv,
     identity_test,
-    minimum_detectable_tv,
 )
 from losslessness.stats.binomial import rate_bound_minimum_detectable_shift, rate_bound_test
 
@@ -615,7 +615,7 @@ def check_tree_independence(samples: TreeSamples, context: CheckContext) -> list
             statistic=test.statistic,
             df=test.df,
             p_value=test.pvalue,
-            min_detectable_tv=minimum_detectable_tv(
+            min_detectable_tv=chi_square_minimum_detectable_tv(
                 test.n_pairs, test.df, context.alpha, context.power
             ),
             wall_time_s=time.perf_counter() - began,

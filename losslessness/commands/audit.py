@@ -1,5 +1,5 @@
-"""``losslessness audit``: audit targets on the battery (one shard of the run engine at the CI
-budget).
+"""``losslessness audit``: audit targets on the battery (one shard of the run engine at
+the CI plan's steps).
 
 Exit codes: 0 lossless (also when only the SUBOPTIMAL warning fires), 1 lossy, 2 usage error,
 3 a target crashed, hung or could not be loaded (recorded per check; the other checks still

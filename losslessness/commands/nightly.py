@@ -1,6 +1,6 @@
 """``losslessness nightly`` and ``losslessness merge``: the long battery, split into shards
 that merge exactly (the run engine, :mod:`losslessness.engine`, at a multiple of the CI
-budget, in chunks, with the device checks and the property suite).
+plan's steps, in chunks, with the device checks and the property suite).
 
 One machine::
 
@@ -39,7 +39,7 @@ from rich.console import Console
 
 from losslessness.commands.audit import report_console
 from losslessness.commands.options import build_config, design_options
-from losslessness.design import DEVICE_DEFAULTS, DEVICES, SUITE_PROFILES, RunConfig
+from losslessness.config import DEVICE_DEFAULTS, DEVICES, SUITE_PROFILES, RunConfig
 from losslessness.engine import (
     RunResult,
     ShardMergeError,
@@ -131,8 +131,8 @@ def _split(values: tuple[str, ...]) -> tuple[str, ...]:
     "--budget",
     type=float,
     default=None,
-    help="Multiplier of the CI plan's verification steps "
-    + ", ".join(f"(default {d.budget:g} on {name})" for name, d in DEVICE_DEFAULTS.items())
+    help="Step multiplier: the multiple of the CI plan's verification steps "
+    + ", ".join(f"(default {d.step_multiplier:g} on {name})" for name, d in DEVICE_DEFAULTS.items())
     + "; below 1 for quick runs.",
 )
 @_OUT
@@ -208,8 +208,8 @@ def nightly_command(
     no_progress: bool,
     **options: Any,
 ) -> None:
-    """The nightly battery: the CI plan times --budget on every adapter that loads, the
-    device checks, and the property suite; reports in --out DIR.
+    """The nightly battery: the CI plan's steps times --budget (the step multiplier) on every
+    adapter that loads, the device checks, and the property suite; reports in --out DIR.
 
     Every shard of one night must get the same options (the plan they share is checked on
     merge); --shard i/N writes DIR/shard-i-of-N.npz instead of reports; --ray runs all
@@ -234,7 +234,7 @@ def nightly_command(
     config = build_config(
         options,
         device=device,
-        budget=budget if budget is not None else defaults.budget,
+        step_multiplier=budget if budget is not None else defaults.step_multiplier,
         chunk_steps=options["chunk_steps"] or defaults.chunk_steps,
         targets=_split(targets),
         device_checks=not no_device_checks,
@@ -280,8 +280,9 @@ def nightly_command(
         )
         return
     console.print(
-        f"nightly plan {plan.fingerprint[:12]}: {len(plan.units)} units, budget "
-        f"{plan.config.budget:g}x CI, seed {config.seed}; running shard {spec}"
+        f"nightly plan {plan.fingerprint[:12]}: {len(plan.units)} units, steps "
+        f"x{plan.config.step_multiplier:g} of the CI plan, seed {config.seed}; "
+        f"running shard {spec}"
     )
     with progress_bar("verify steps", quiet=no_progress) as update:
         shard = run_shard(plan, spec, out_dir, progress=update, deadline=deadline)
@@ -325,8 +326,9 @@ def _run_on_ray(
     )
     count = f"{shard_count} shards" if shard_count else "one shard per CPU"
     console.print(
-        f"nightly plan {fingerprint[:12]}: {n_units} units, budget {config.budget:g}x CI, "
-        f"seed {config.seed}; running {count} on {where}"
+        f"nightly plan {fingerprint[:12]}: {n_units} units, steps "
+        f"x{config.step_multiplier:g} of the CI plan, seed {config.seed}; "
+        f"running {count} on {where}"
     )
     began = time.perf_counter()
     try:

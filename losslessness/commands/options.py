@@ -1,5 +1,5 @@
 """Options the run commands (``audit``, ``plan``, ``nightly``) share, declared once, and the
-:class:`~losslessness.design.RunConfig` they build."""
+:class:`~losslessness.config.RunConfig` they build."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 import click
 
 from losslessness.checks import ALL_CHECK_IDS
-from losslessness.design import DEFAULT_TIMEOUT_S, RunConfig
+from losslessness.config import DEFAULT_TIMEOUT_S, RunConfig
 from losslessness.stats import DEFAULT_FAMILY_WISE_ALPHA
 
 _F = TypeVar("_F", bound=Callable[..., Any])

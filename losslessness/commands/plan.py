@@ -38,7 +38,12 @@ def expected_minimum_detectable_tv(plan: RunPlan, case_id: str) -> float:
 @click.command(name="plan")
 @click.argument("targets", nargs=-1)
 @design_options
-@click.option("--budget", type=float, default=None, help="Multiplier of the CI plan's steps.")
+@click.option(
+    "--budget",
+    type=float,
+    default=None,
+    help="Step multiplier: the multiple of the CI plan's steps.",
+)
 @click.option(
     "--greedy",
     is_flag=True,
@@ -49,7 +54,7 @@ def plan_command(
 ) -> None:
     """Print the plan of a run of TARGETS (default: those of 'losslessness audit'): the error
     budget, every chain case's steps and chunks, the end-to-end sequences, the unit grid."""
-    config = build_config(options, budget=budget)
+    config = build_config(options, step_multiplier=budget)
     try:
         plan = plan_run(config, resolve_named_targets(targets, greedy))
     except ValueError as error:
@@ -59,7 +64,8 @@ def plan_command(
     console.print(
         f"{record.n_assertions} statistical assertions, alpha {record.per_assertion_alpha:.3g} "
         f"each (family-wise {record.battery_alpha:g}); identity tests sized for TV >= "
-        f"{config.tv:g} with power {config.power:g}; budget {config.budget:g}x the CI plan; "
+        f"{config.tv:g} with power {config.power:g}; "
+        f"steps x{config.step_multiplier:g} of the CI plan; "
         f"seed {config.seed}; plan {record.fingerprint[:12]}"
     )
     selected = tuple(c for c in STATISTICAL_CHAIN_CHECK_IDS if config.selects(c))

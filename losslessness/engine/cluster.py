@@ -3,7 +3,7 @@
 The run's unit grid does not depend on how it is split (:mod:`losslessness.engine.plan`), so
 N shards run anywhere merge to the one-process run count for count and verdict for verdict.
 This module only dispatches them: one Ray task per shard ``i/N``, each of which plans the run
-again from the (picklable) :class:`~losslessness.design.RunConfig` with
+again from the (picklable) :class:`~losslessness.config.RunConfig` with
 :func:`~losslessness.engine.run.make_plan` (plans hold adapters with closures, which are not
 shipped), runs :func:`~losslessness.engine.run.run_shard` and returns its
 :class:`~losslessness.engine.shards.ShardResult` (plain dataclasses and numpy arrays; it
@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from losslessness.design import RunConfig
+from losslessness.config import RunConfig
 from losslessness.engine.run import make_plan, run_shard
 from losslessness.engine.shards import ShardResult, ShardSpec
 

@@ -43,7 +43,7 @@ from losslessness.checks.coupling import (
     check_sampled_laws,
 )
 from losslessness.checks.ids import COUPLING_CHECK_ID, LAW_CHECK_ID, PRECISION_CHECK_ID
-from losslessness.checks.precision import cast_probabilities, check_precision
+from losslessness.checks.precision import check_precision, law_after_cast
 from losslessness.engine.battery import default_chain_battery
 from losslessness.engine.draw import ProtocolViolation, coerce_output, rows_per_call, sample_chain
 from losslessness.protocol import ChainVerifier
@@ -100,15 +100,15 @@ def deterministic_draft_case(case: ChainCase) -> ChainCase:
 
 def cast_case(case: ChainCase, dtype: torch.dtype) -> ChainCase:
     """``case`` with p and q replaced by the laws an implementation receiving them in ``dtype``
-    follows (:func:`losslessness.checks.precision.cast_probabilities`); ``case`` itself for
+    follows (:func:`losslessness.checks.precision.law_after_cast`); ``case`` itself for
     float64."""
     if dtype == torch.float64:
         return case
     return ChainCase(
         f"{case.case_id}@{str(dtype).removeprefix('torch.')}",
         f"{case.summary}; inputs cast to {dtype}",
-        cast_probabilities(case.target_probs, dtype),
-        cast_probabilities(case.draft_probs, dtype),
+        law_after_cast(case.target_probs, dtype),
+        law_after_cast(case.draft_probs, dtype),
         case.tags,
     )
 
@@ -231,7 +231,7 @@ def draw_coupled_samples(
     began = time.perf_counter()
     rows, k = case.n_rows, case.k
     cast = CastVerifier(candidate, device, dtype)
-    draft_law = cast_probabilities(case.draft_probs, dtype)
+    draft_law = law_after_cast(case.draft_probs, dtype)
     generator = torch.Generator().manual_seed(derive_seed(seed, COUPLING_CHECK_ID, case.case_hash))
     candidate_generator = torch.Generator().manual_seed(derive_seed(seed, "candidate"))
     reference_generator = torch.Generator().manual_seed(derive_seed(seed, "reference"))

@@ -21,7 +21,7 @@ from losslessness.checks import (
     check_sequence_law,
 )
 from losslessness.checks.sequence_law import GREEDY_SEQUENCE_RUNS, end_to_end_case_hash
-from losslessness.design import RunConfig
+from losslessness.config import RunConfig
 from losslessness.engine.draw import generate_sequences
 from losslessness.protocol import EndToEndGenerator, ReportsAcceptedLengths
 from losslessness.reference.decoding import greedy_decode
@@ -40,7 +40,7 @@ def plan_sequence_law(
     power: float,
     max_sequences: int,
     steps: int | None = None,
-    budget: float = 1.0,
+    step_multiplier: float = 1.0,
 ) -> SequencePlan:
     """Enumerate the exact law and size the identity test.
 
@@ -53,7 +53,7 @@ def plan_sequence_law(
         power: design power.
         max_sequences: cap on the design's ``n``.
         steps: when set, ``n`` is exactly this (replays).
-        budget: multiplier of the design's (capped) ``n``.
+        step_multiplier: multiple of the design's (capped) ``n`` to draw.
 
     Returns:
         :class:`~losslessness.checks.SequencePlan`.
@@ -70,7 +70,7 @@ def plan_sequence_law(
     design = plan_identity_test(law.probs, tv, alpha, power, max_n=max_sequences)
     # When capped, report what the design would need, so the user sees what the cap cost.
     needed = plan_identity_test(law.probs, tv, alpha, power).n if design.capped else design.n
-    n = steps if steps is not None else max(1, math.ceil(design.n * budget))
+    n = steps if steps is not None else max(1, math.ceil(design.n * step_multiplier))
     reached = identity_minimum_detectable_tv(law.probs, n, alpha, power).minimum_detectable_tv
     return SequencePlan(law, n, needed, steps is None and design.capped, reached)
 
@@ -121,7 +121,7 @@ def plan_end_to_end(target: EndToEndTarget, config: RunConfig, alpha: float) -> 
             config.power,
             cap,
             config.steps,
-            config.budget,
+            config.step_multiplier,
         )
     except Exception as error:
         return EndToEndPlan(target, seed, error=error)

@@ -4,12 +4,13 @@ before any sample is drawn.
 A run is a fixed grid of *units*, the same however the run is split into shards:
 
 - ``chain``: one chunk of one battery case on one target. A case's verification steps are the
-  CI plan's (:func:`plan_case` at the run's per-assertion level) times the budget, cut into
-  chunks of at most ``config.chunk_steps`` steps (one chunk when it is None, as in the audit);
+  CI plan's (:func:`plan_case` at the run's per-assertion level) times the step multiplier, cut
+  into chunks of at most ``config.chunk_steps`` steps (one chunk when it is None, as in the
+  audit);
 - ``greedy``: one greedy case on one target (exact, deterministic);
 - ``tree``: one tree case of the tree battery on one target's tree verifier: its trees (the CI
-  plan's, :func:`losslessness.checks.tree.tree_steps`, times the budget) and every tree check,
-  run in the unit (no count table: the checks' results are the unit's record);
+  plan's, :func:`losslessness.checks.tree.tree_steps`, times the step multiplier) and every tree
+  check, run in the unit (no count table: the checks' results are the unit's record);
 - ``greedy-tree``: one greedy tree case on one target (exact, deterministic);
 - ``end-to-end``: one end-to-end engine of one target (the sequence-law checks);
 - ``device``: the coupling and precision checks on the run's device;
@@ -62,7 +63,7 @@ from losslessness.checks.ids import (
     TREE_GREEDY_CHECK_ID,
 )
 from losslessness.checks.tree import tree_assertions, tree_steps
-from losslessness.design import RunConfig
+from losslessness.config import RunConfig
 from losslessness.engine.battery import default_chain_battery, default_greedy_battery
 from losslessness.engine.draw import rows_per_call
 from losslessness.engine.end_to_end import EndToEndPlan, plan_end_to_end
@@ -76,14 +77,14 @@ from losslessness.seeding import derive_seed
 from losslessness.stats import ErrorBudget, plan_identity_test
 from losslessness.stats.sequential import SEQUENTIAL_ALPHA_SHARE, AlphaSplit, split_alpha
 
-PLAN_VERSION = "4"
+PLAN_VERSION = "5"
 """Version of the plan's description; shards of different versions never merge."""
 
 UNIT_KINDS = ("chain", "greedy", "tree", "greedy-tree", "end-to-end", "device", "suite")
 """Kinds of work unit, in grid order within a target."""
 
 DEVICE_CI_STEPS = 20_000
-"""Steps per case and row type of the device checks at budget 1."""
+"""Steps per case and row type of the device checks at step multiplier 1."""
 
 MIN_STEPS = 2000
 """Fewest verification steps per row type in the CI plan, so that exact checks and acceptance
@@ -108,7 +109,7 @@ class UnavailableTarget:
 
 @dataclass(frozen=True)
 class CasePlan:
-    """Verification steps one chain case needs at budget 1 (the CI plan).
+    """Verification steps one chain case needs at step multiplier 1 (the CI plan).
 
     Attributes:
         n_steps: steps per row type.
@@ -160,11 +161,11 @@ class ChainCasePlan:
 
     Attributes:
         case_id, case_hash: the case.
-        ci_steps: steps per row type of the CI plan (budget 1) at the run's alpha.
+        ci_steps: steps per row type of the CI plan (step multiplier 1) at the run's alpha.
         needed_steps: steps the design asked for before the cap.
         capped: the CI plan was capped (its minimum detectable TV exceeds the design TV).
-        n_steps: the run's steps per row type: ``ceil(ci_steps * budget)`` (``steps`` when
-            the config fixes it).
+        n_steps: the run's steps per row type: ``ceil(ci_steps * step_multiplier)``
+            (``steps`` when the config fixes it).
         chunk_steps: steps per chunk (the last chunk may be shorter).
         steps_per_call: copies of each row type one verifier call carries.
         seed: the case seed (chunk 0's seed).
@@ -206,13 +207,13 @@ class TreeCasePlan:
 
     Attributes:
         case_id, case_hash: the case.
-        ci_steps: trees of the CI plan (budget 1) at the run's alpha, capped.
+        ci_steps: trees of the CI plan (step multiplier 1) at the run's alpha, capped.
         needed_steps: trees the design (tv, alpha, power) asked for, before the caps
             (``max_steps`` and :data:`~losslessness.engine.tree_battery.TREE_CI_MAX_STEPS`).
         capped: a cap cut ``needed_steps`` (the results report a minimum detectable TV above
             the design TV).
-        n_steps: the run's trees: ``ceil(ci_steps * budget)`` (``steps`` when the config fixes
-            it).
+        n_steps: the run's trees: ``ceil(ci_steps * step_multiplier)`` (``steps`` when the
+            config fixes it).
         steps_per_call: trees per verifier call (the case's batch size).
         seed: the case seed, ``derive_seed(run seed, "tree", case hash)``.
     """
@@ -256,7 +257,7 @@ class Unit:
 
 @dataclass(frozen=True)
 class PlanRecord:
-    """Everything of a plan that decides the samples and the budget, as plain data: what a
+    """Everything of a plan that decides the samples and the error budget, as plain data: what a
     shard file stores, what two shards must share to merge, and what finishing a run reads.
 
     Attributes:
@@ -534,7 +535,7 @@ def _tree_case_plan(case: TreeCase, config: RunConfig, alpha: float) -> TreeCase
         ci_steps = needed = n_steps = config.steps
         capped = False
     else:
-        n_steps = max(1, math.ceil(ci_steps * config.budget))
+        n_steps = max(1, math.ceil(ci_steps * config.step_multiplier))
     return TreeCasePlan(
         case_id=case.case_id,
         case_hash=case.case_hash,
@@ -553,7 +554,7 @@ def _chain_case_plan(case: ChainCase, config: RunConfig, alpha: float) -> ChainC
         ci = CasePlan(config.steps, config.steps, False)
         n_steps = config.steps
     else:
-        n_steps = max(1, math.ceil(ci.n_steps * config.budget))
+        n_steps = max(1, math.ceil(ci.n_steps * config.step_multiplier))
     return ChainCasePlan(
         case_id=case.case_id,
         case_hash=case.case_hash,
@@ -692,7 +693,7 @@ def plan_run(
         n_assertions=budget.n_assertions,
         battery_alpha=budget.family_wise_alpha,
         device_alpha=device_alpha,
-        device_steps=max(1, math.ceil(DEVICE_CI_STEPS * config.budget)),
+        device_steps=max(1, math.ceil(DEVICE_CI_STEPS * config.step_multiplier)),
         device_note=None
         if with_device
         else (device_note if config.device_checks else "device checks not requested"),

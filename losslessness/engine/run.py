@@ -50,7 +50,7 @@ from losslessness.checks.sequential import (
 )
 from losslessness.checks.tree import check_tree_greedy, run_tree_checks
 from losslessness.checks.tree_sequential import TreeMonitor
-from losslessness.design import RunConfig
+from losslessness.config import RunConfig
 from losslessness.engine.battery import default_chain_battery, default_greedy_battery
 from losslessness.engine.draw import (
     ChainSampler,
@@ -1137,14 +1137,14 @@ def _suite_alpha() -> float:
 def _run_environment(merged: MergedShards) -> dict[str, str]:
     plan = merged.plan
     config = plan.config
-    if config.budget == 1 and len(merged.shards) == 1 and not plan.suite_targets:
+    if config.step_multiplier == 1 and len(merged.shards) == 1 and not plan.suite_targets:
         return {}
     suites = len(plan.suite_targets)
     suite_alpha = _suite_alpha() if suites else 0.0
     bound = config.family_wise_alpha + suites * suite_alpha
     return {
         "run": (
-            f"budget {config.budget:g}x the CI plan on {config.device}; "
+            f"steps x{config.step_multiplier:g} of the CI plan on {config.device}; "
             f"{len(merged.shards)} shard(s) merged; plan {merged.fingerprint[:12]}"
         ),
         "error budget": (
@@ -1258,7 +1258,7 @@ def plan_within_budget(
     announce: Callable[[str], None] | None = None,
 ) -> tuple[RunPlan, float | None, str | None]:
     """The run's plan; with a time budget, fitted to it first
-    (:func:`losslessness.engine.budget.fit_time_budget`, its claim passed to ``announce``
+    (:func:`losslessness.engine.time_budget.fit_time_budget`, its claim passed to ``announce``
     before any sampling).
 
     Returns:
@@ -1267,7 +1267,7 @@ def plan_within_budget(
     """
     if config.time_budget_s is None:
         return plan_run(config, targets, device_note), None, None
-    from losslessness.engine.budget import DEADLINE_FRACTION, fit_time_budget
+    from losslessness.engine.time_budget import DEADLINE_FRACTION, fit_time_budget
 
     began = time.perf_counter()
     fit = fit_time_budget(config, targets, device_note)

@@ -30,9 +30,9 @@ TREE_BATCH = 512
 """Trees per verifier call of the battery's tree cases."""
 
 TREE_CI_MAX_STEPS = 8192
-"""Cap on the trees per case of the CI plan (budget 1), so that the default audit stays fast;
-results of a capped case state the larger minimum detectable TV they reach, and ``--budget``
-scales the trees like every other case's steps."""
+"""Cap on the trees per case of the CI plan (step multiplier 1), so that the default audit stays
+fast; results of a capped case state the larger minimum detectable TV they reach, and
+``--budget`` (the step multiplier) scales the trees like every other case's steps."""
 
 CHAIN = (0, 1, 2)
 BINARY_DEPTH_3 = (0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6)

@@ -1,13 +1,14 @@
 """Statistics layer: identity tests, two-sample tests, binomial tests, power and sample size,
-error budget.
+the error budget, sequential e-processes, the run-level uniformity test, and the shared argument
+validation (:mod:`losslessness.stats.validation`).
 
-Every test comes as a triple (the assertion, the smallest discrepancy it detects at n, the n it
-needs for a discrepancy); see :mod:`losslessness.stats.power`. Inputs are numpy arrays, outputs
-Python floats and ints.
+Every fixed-n test comes as a triple (the assertion, the smallest discrepancy it detects at n,
+the n it needs for a discrepancy); :mod:`losslessness.stats.power` lists them. Inputs are numpy
+arrays, outputs Python floats and ints.
 """
 
 from losslessness.stats.binomial import BinomialTestResult, acceptance_rate_test
-from losslessness.stats.budget import DEFAULT_FAMILY_WISE_ALPHA, ErrorBudget
+from losslessness.stats.error_budget import DEFAULT_FAMILY_WISE_ALPHA, ErrorBudget
 from losslessness.stats.identity import (
     EXPECTED_COUNT_FLOOR,
     IdentityTestResult,
@@ -17,12 +18,14 @@ from losslessness.stats.identity import (
 )
 from losslessness.stats.power import (
     IdentityPlan,
-    binomial_minimum_detectable_shift,
+    acceptance_rate_minimum_detectable_shift,
+    acceptance_rate_sample_size,
+    chi_square_minimum_detectable_tv,
     chi_square_power,
     chi_square_sample_size,
     exact_check_minimum_detectable_rate,
+    exact_check_sample_size,
     identity_minimum_detectable_tv,
-    minimum_detectable_tv,
     plan_identity_test,
 )
 from losslessness.stats.two_sample import (
@@ -40,15 +43,17 @@ __all__ = [
     "IdentityPlan",
     "IdentityTestResult",
     "TwoSampleTestResult",
+    "acceptance_rate_minimum_detectable_shift",
+    "acceptance_rate_sample_size",
     "acceptance_rate_test",
-    "binomial_minimum_detectable_shift",
+    "chi_square_minimum_detectable_tv",
     "chi_square_power",
     "chi_square_sample_size",
     "exact_check_minimum_detectable_rate",
+    "exact_check_sample_size",
     "identity_minimum_detectable_tv",
     "identity_test",
     "identity_test_pvalues",
-    "minimum_detectable_tv",
     "plan_identity_test",
     "pooling_partition",
     "two_sample_minimum_detectable_tv",

@@ -6,9 +6,15 @@ Contract (in the manner of TFP's ``statistical_testing``):
   two-sided test gives ``pvalue <= alpha`` with probability at most ``alpha`` (exact test, no
   approximation; conservative because the binomial is discrete).
 - **Code whose rate is off by more than the minimum detectable shift fails with the stated
-  power**; :func:`losslessness.stats.power.binomial_minimum_detectable_shift` gives that shift
-  for ``n``.
+  power**; :func:`losslessness.stats.power.acceptance_rate_minimum_detectable_shift` gives that
+  shift for ``n``, and :func:`losslessness.stats.power.acceptance_rate_sample_size` the ``n``
+  for a shift.
 - **Nothing is claimed below it.**
+
+The triples: :func:`acceptance_rate_test` / ``power.acceptance_rate_minimum_detectable_shift``
+/ ``power.acceptance_rate_sample_size``; :func:`rate_bound_test` /
+:func:`rate_bound_minimum_detectable_shift` / ``power.rate_bound_sample_size`` (the sample
+sizes live in :mod:`losslessness.stats.power`, which imports this module).
 
 The direction matters to the verdict (DESIGN.md section 4): an acceptance rate significantly
 *higher* than ``sum(min(p, q))`` proves loss, significantly *lower* is only suboptimal. The test is
@@ -24,23 +30,18 @@ import scipy.optimize
 import scipy.special
 import scipy.stats
 
-from losslessness.stats.identity import (
-    _check_nonnegative_int,
-    _check_open_unit_interval,
-    _check_real,
+from losslessness.stats.validation import (
+    check_nonnegative_int,
+    check_open_unit_interval,
+    check_rate,
 )
 
 __all__ = [
-    "RATE_CLIP_TOLERANCE",
     "BinomialTestResult",
     "acceptance_rate_test",
     "rate_bound_minimum_detectable_shift",
     "rate_bound_test",
 ]
-
-RATE_CLIP_TOLERANCE = 1e-12
-"""Expected rates this far outside [0, 1] are clipped (float round-off in ``sum(min(p, q))``)."""
-
 
 @dataclass(frozen=True)
 class BinomialTestResult:
@@ -65,13 +66,6 @@ class BinomialTestResult:
     direction: str
 
 
-def _check_rate(value: object, name: str) -> float:
-    rate = _check_real(value, name)
-    if not -RATE_CLIP_TOLERANCE <= rate <= 1.0 + RATE_CLIP_TOLERANCE:
-        raise ValueError(f"{name}: must lie in [0, 1], got {rate!r}")
-    return min(max(rate, 0.0), 1.0)
-
-
 def acceptance_rate_test(successes: int, n: int, expected_rate: float) -> BinomialTestResult:
     """Exact two-sided binomial test of ``successes`` out of ``n`` against ``expected_rate``.
 
@@ -94,11 +88,11 @@ def acceptance_rate_test(successes: int, n: int, expected_rate: float) -> Binomi
         p-value sums the probabilities of all outcomes no more likely than the observed one
         (the "minlike" method).
     """
-    k = _check_nonnegative_int(successes, "successes")
-    trials = _check_nonnegative_int(n, "n")
+    k = check_nonnegative_int(successes, "successes")
+    trials = check_nonnegative_int(n, "n")
     if k > trials:
         raise ValueError(f"successes: {k} exceeds n = {trials}")
-    rate = _check_rate(expected_rate, "expected_rate")
+    rate = check_rate(expected_rate, "expected_rate")
     if trials == 0:
         return BinomialTestResult(
             statistic=float("nan"),
@@ -166,11 +160,11 @@ def rate_bound_test(successes: int, n: int, bound: float, alternative: str) -> B
         the binomial survival and distribution functions (what ``scipy.stats.binomtest(...,
         alternative=...)`` returns, without its per-call overhead).
     """
-    k = _check_nonnegative_int(successes, "successes")
-    trials = _check_nonnegative_int(n, "n")
+    k = check_nonnegative_int(successes, "successes")
+    trials = check_nonnegative_int(n, "n")
     if k > trials:
         raise ValueError(f"successes: {k} exceeds n = {trials}")
-    rate = _check_rate(bound, "bound")
+    rate = check_rate(bound, "bound")
     side = _check_alternative(alternative)
     if trials == 0:
         return BinomialTestResult(float("nan"), 1.0, 0, 0, rate, "as expected")
@@ -208,10 +202,10 @@ def rate_bound_minimum_detectable_shift(
     Raises:
         ValueError: naming the invalid argument.
     """
-    trials = _check_nonnegative_int(n, "n")
-    rate = _check_rate(bound, "bound")
-    level = _check_open_unit_interval(alpha, "alpha")
-    target = _check_open_unit_interval(power, "power")
+    trials = check_nonnegative_int(n, "n")
+    rate = check_rate(bound, "bound")
+    level = check_open_unit_interval(alpha, "alpha")
+    target = check_open_unit_interval(power, "power")
     side = _check_alternative(alternative)
     room = 1.0 - rate if side == "greater" else rate
     if trials == 0 or room <= 0.0:

@@ -15,6 +15,9 @@ Contract (in the manner of TFP's ``statistical_testing``):
 - **Nothing is claimed below it.** A deviation smaller than the minimum detectable TV, or hidden
   inside the pooled cell, may pass.
 
+The triple: :func:`identity_test` / :func:`losslessness.stats.power.identity_minimum_detectable_tv`
+/ :func:`losslessness.stats.power.plan_identity_test`.
+
 Shapes: ``counts`` and ``probs`` are ``[V]``; ``V`` is the vocabulary (number of cells).
 
 References:
@@ -27,13 +30,13 @@ References:
 
 from __future__ import annotations
 
-import math
-import operator
 from dataclasses import dataclass
 
 import numpy as np
 import scipy.stats
 from numpy.typing import ArrayLike, NDArray
+
+from losslessness.stats.validation import check_expected_floor, check_nonnegative_int
 
 __all__ = [
     "EXPECTED_COUNT_FLOOR",
@@ -42,6 +45,7 @@ __all__ = [
     "identity_test",
     "identity_test_pvalues",
     "pooling_partition",
+    "pooling_partition_unchecked",
 ]
 
 PROBS_SUM_TOLERANCE = 1e-6
@@ -113,46 +117,6 @@ class IdentityTestResult:
     expected_floor: float
     zero_mass_count: int
     zero_mass_tokens: tuple[int, ...]
-
-
-def _check_nonnegative_int(value: object, name: str) -> int:
-    """Return ``value`` as a Python int; ValueError naming ``name`` unless it is an int >= 0."""
-    # bool is an int subclass; a True sample size is almost surely a bug.
-    if isinstance(value, (bool, np.bool_)):
-        raise ValueError(f"{name}: must be a non-negative integer, got a bool")
-    if not isinstance(value, (int, np.integer)):
-        raise ValueError(
-            f"{name}: must be a non-negative integer, got {type(value).__name__} {value!r}"
-        )
-    result = operator.index(value)
-    if result < 0:
-        raise ValueError(f"{name}: must be a non-negative integer, got {result}")
-    return int(result)
-
-
-def _check_open_unit_interval(value: object, name: str) -> float:
-    """Return ``value`` as a float; ValueError naming ``name`` unless it lies in (0, 1)."""
-    result = _check_real(value, name)
-    if not 0.0 < result < 1.0:
-        raise ValueError(f"{name}: must lie in the open interval (0, 1), got {result!r}")
-    return result
-
-
-def _check_real(value: object, name: str) -> float:
-    """Return ``value`` as a finite float; ValueError naming ``name`` otherwise."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)):
-        raise ValueError(f"{name}: must be a real number, got {type(value).__name__}")
-    result = float(value)
-    if not math.isfinite(result):
-        raise ValueError(f"{name}: must be finite, got {result!r}")
-    return result
-
-
-def _check_expected_floor(value: object) -> float:
-    result = _check_real(value, "expected_floor")
-    if result < 0.0:
-        raise ValueError(f"expected_floor: must be >= 0, got {result!r}")
-    return result
 
 
 def as_probs(probs: ArrayLike, name: str = "probs") -> NDArray[np.float64]:
@@ -255,14 +219,26 @@ def pooling_partition(
         ValueError: on invalid ``probs``, ``n`` or ``expected_floor`` (message names it).
     """
     p = as_probs(probs)
-    size = _check_nonnegative_int(n, "n")
-    return _pooling_partition(p, size, _check_expected_floor(expected_floor))
+    size = check_nonnegative_int(n, "n")
+    return pooling_partition_unchecked(p, size, check_expected_floor(expected_floor))
 
 
-def _pooling_partition(
+def pooling_partition_unchecked(
     p: NDArray[np.float64], n: int, floor: float
 ) -> tuple[NDArray[np.bool_], int, float]:
-    """:func:`pooling_partition` on already validated arguments."""
+    """:func:`pooling_partition` on arguments the caller has validated, for the stats
+    functions that already hold them (``p`` from :func:`as_probs`, ``n`` and ``floor`` from
+    :mod:`losslessness.stats.validation`): nothing is checked or renormalised again, so they
+    see exactly the partition the test sees.
+
+    Args:
+        p: ``[V]`` float64 probabilities summing to 1.
+        n: sample size, an int ``>= 0``.
+        floor: pooling floor in expected counts, ``>= 0``.
+
+    Returns:
+        ``(pooled, df, pooled_mass)`` as :func:`pooling_partition`.
+    """
     positive = p > 0
     expected = n * p
     pooled = positive & (expected < floor)
@@ -320,7 +296,7 @@ def identity_test(
         raise ValueError(
             f"counts: length {observed.shape[0]} does not match probs length {p.shape[0]}"
         )
-    floor = _check_expected_floor(expected_floor)
+    floor = check_expected_floor(expected_floor)
 
     zero = p == 0
     offending = np.flatnonzero(zero & (observed > 0))
@@ -331,7 +307,7 @@ def identity_test(
     # part's business, so the expected counts are scaled to what landed on positive cells.
     n_positive = n - zero_mass_count
 
-    pooled, df, pooled_mass = _pooling_partition(p, n_positive, floor)
+    pooled, df, pooled_mass = pooling_partition_unchecked(p, n_positive, floor)
     n_pooled = int(pooled.sum())
     if df == 0:
         return IdentityTestResult(
@@ -408,7 +384,7 @@ def identity_test_pvalues(
     if (observed[:, p == 0] > 0).any():
         raise ValueError("counts: observations on zero-probability cells")
     n = int(totals[0]) if totals.size else 0
-    pooled, df, _ = _pooling_partition(p, n, _check_expected_floor(expected_floor))
+    pooled, df, _ = pooling_partition_unchecked(p, n, check_expected_floor(expected_floor))
     if df == 0:
         return np.ones(observed.shape[0])
     cell_obs, cell_probs = _cells(observed, p, pooled)

@@ -1,17 +1,30 @@
 """Power and sample size: the smallest discrepancy each test detects at n, and the n it needs.
 
-Contract (in the manner of TFP's ``statistical_testing``): every test in :mod:`losslessness.stats`
-comes as a triple -- the assertion, the smallest discrepancy it detects at ``n`` with power
-``power`` at level ``alpha``, and the ``n`` it needs for a given discrepancy:
+Contract (in the manner of TFP's ``statistical_testing``): every fixed-n test in
+:mod:`losslessness.stats` comes as a triple -- the assertion, the smallest discrepancy it detects
+at ``n`` with power ``power`` at level ``alpha``, and the ``n`` it needs for a given
+discrepancy. The triples (assertion / minimum detectable discrepancy at n / n for a
+discrepancy):
 
-- chi-square(df) test: :func:`chi_square_power`, :func:`minimum_detectable_tv`,
-  :func:`chi_square_sample_size`;
-- :func:`~losslessness.stats.identity.identity_test`: :func:`identity_minimum_detectable_tv`,
-  :func:`plan_identity_test`;
-- :func:`~losslessness.stats.binomial.acceptance_rate_test`:
-  :func:`binomial_minimum_detectable_shift`;
-- an exact "never happens" check (zero-mass tokens, structure): its false-alarm rate is 0 and
-  :func:`exact_check_minimum_detectable_rate` gives the violation rate it catches.
+- chi-square(df) test (its power, the assertion's sizing model): :func:`chi_square_power` /
+  :func:`chi_square_minimum_detectable_tv` / :func:`chi_square_sample_size`;
+- :func:`~losslessness.stats.identity.identity_test` /
+  :func:`identity_minimum_detectable_tv` / :func:`plan_identity_test` (an :class:`IdentityPlan`:
+  the n with its partition and bound);
+- :func:`~losslessness.stats.two_sample.two_sample_test` /
+  :func:`~losslessness.stats.two_sample.two_sample_minimum_detectable_tv` /
+  :func:`~losslessness.stats.two_sample.two_sample_sample_size`;
+- :func:`~losslessness.stats.binomial.acceptance_rate_test` /
+  :func:`acceptance_rate_minimum_detectable_shift` / :func:`acceptance_rate_sample_size`;
+- :func:`~losslessness.stats.binomial.rate_bound_test` /
+  :func:`~losslessness.stats.binomial.rate_bound_minimum_detectable_shift` /
+  :func:`rate_bound_sample_size`;
+- an exact "never happens" check (zero-mass tokens, structure; false-alarm rate 0) /
+  :func:`exact_check_minimum_detectable_rate` / :func:`exact_check_sample_size`.
+
+The anytime-valid e-processes (:mod:`losslessness.stats.sequential`) and the run-level
+uniformity test (:mod:`losslessness.stats.uniformity`) have no triple: they only add power on
+top of the fixed-n tests, which carry the stated minimum detectable TV.
 
 Discrepancies are total-variation (TV) distances, in probability units. Deviations larger than
 the minimum detectable TV are caught with at least the stated power; nothing is claimed below it.
@@ -44,37 +57,36 @@ import scipy.special
 import scipy.stats
 from numpy.typing import ArrayLike, NDArray
 
-from losslessness.stats.binomial import _check_rate, acceptance_rate_test
+from losslessness.stats.binomial import acceptance_rate_test, rate_bound_minimum_detectable_shift
 from losslessness.stats.identity import (
     EXPECTED_COUNT_FLOOR,
-    _check_expected_floor,
-    _check_nonnegative_int,
-    _check_open_unit_interval,
-    _check_real,
-    _pooling_partition,
     as_probs,
+    pooling_partition_unchecked,
+)
+from losslessness.stats.validation import (
+    check_expected_floor,
+    check_nonnegative_int,
+    check_open_unit_interval,
+    check_rate,
+    check_tv,
 )
 
 __all__ = [
     "IdentityPlan",
-    "binomial_minimum_detectable_shift",
+    "acceptance_rate_minimum_detectable_shift",
+    "acceptance_rate_sample_size",
+    "chi_square_minimum_detectable_tv",
     "chi_square_power",
     "chi_square_sample_size",
     "exact_check_minimum_detectable_rate",
+    "exact_check_sample_size",
     "identity_minimum_detectable_tv",
-    "minimum_detectable_tv",
     "plan_identity_test",
+    "rate_bound_sample_size",
 ]
 
 _MAX_SEARCH_N = 2**60
 """Upper end of :func:`plan_identity_test`'s search when no ``max_n`` is given."""
-
-
-def _check_tv(value: object, name: str = "tv") -> float:
-    tv = _check_real(value, name)
-    if not 0.0 < tv <= 1.0:
-        raise ValueError(f"{name}: must lie in (0, 1], got {tv!r}")
-    return tv
 
 
 @functools.lru_cache(maxsize=4096)
@@ -116,17 +128,17 @@ def chi_square_power(n: int, tv: float, df: int, alpha: float) -> float:
     Notes:
         Cohen (1988), ch. 7; ``scipy.stats.chi2`` and ``scipy.stats.ncx2``.
     """
-    size = _check_nonnegative_int(n, "n")
-    distance = _check_tv(tv)
-    dof = _check_nonnegative_int(df, "df")
-    level = _check_open_unit_interval(alpha, "alpha")
+    size = check_nonnegative_int(n, "n")
+    distance = check_tv(tv)
+    dof = check_nonnegative_int(df, "df")
+    level = check_open_unit_interval(alpha, "alpha")
     if dof == 0:
         return 0.0
     critical = float(scipy.stats.chi2.isf(level, dof))
     return float(scipy.stats.ncx2.sf(critical, dof, size * (2.0 * distance) ** 2))
 
 
-def minimum_detectable_tv(n: int, df: int, alpha: float, power: float) -> float:
+def chi_square_minimum_detectable_tv(n: int, df: int, alpha: float, power: float) -> float:
     """Smallest TV that the level-``alpha`` chi-square(``df``) test detects with ``power`` at ``n``.
 
     Solves ``ncx2.sf(chi2.isf(alpha, df), df, lam) = power`` for the noncentrality ``lam``
@@ -150,10 +162,10 @@ def minimum_detectable_tv(n: int, df: int, alpha: float, power: float) -> float:
     Notes:
         Cohen (1988), ch. 7.
     """
-    size = _check_nonnegative_int(n, "n")
-    dof = _check_nonnegative_int(df, "df")
-    level = _check_open_unit_interval(alpha, "alpha")
-    target = _check_open_unit_interval(power, "power")
+    size = check_nonnegative_int(n, "n")
+    dof = check_nonnegative_int(df, "df")
+    level = check_open_unit_interval(alpha, "alpha")
+    target = check_open_unit_interval(power, "power")
     if size == 0 or dof == 0:
         return math.inf
     return math.sqrt(_noncentrality(dof, level, target) / size) / 2.0
@@ -178,12 +190,12 @@ def chi_square_sample_size(tv: float, df: int, alpha: float, power: float) -> in
     Notes:
         Cohen (1988), ch. 7.
     """
-    distance = _check_tv(tv)
-    dof = _check_nonnegative_int(df, "df")
+    distance = check_tv(tv)
+    dof = check_nonnegative_int(df, "df")
     if dof == 0:
         raise ValueError("df: must be >= 1; a one-cell test has no power at any n")
-    level = _check_open_unit_interval(alpha, "alpha")
-    target = _check_open_unit_interval(power, "power")
+    level = check_open_unit_interval(alpha, "alpha")
+    target = check_open_unit_interval(power, "power")
     lam = _noncentrality(dof, level, target)
     n = math.ceil(lam / (2.0 * distance) ** 2)
     # The root is found to ~1e-12; step by one where rounding put n one off the true boundary.
@@ -211,12 +223,41 @@ def exact_check_minimum_detectable_rate(n: int, power: float) -> float:
     Raises:
         ValueError: naming ``n`` or ``power``.
     """
-    size = _check_nonnegative_int(n, "n")
-    target = _check_open_unit_interval(power, "power")
+    size = check_nonnegative_int(n, "n")
+    target = check_open_unit_interval(power, "power")
     if size == 0:
         return math.inf
     # expm1/log1p keep precision when the rate is tiny (large n).
     return -math.expm1(math.log1p(-target) / size)
+
+
+def exact_check_sample_size(rate: float, power: float) -> int:
+    """Smallest ``n`` at which an exact "never happens" check catches a per-sample violation
+    rate ``rate`` with ``power``: the inverse of :func:`exact_check_minimum_detectable_rate`,
+    ``ceil(log(1 - power) / log(1 - rate))``.
+
+    Args:
+        rate: per-sample violation rate to catch, in (0, 1].
+        power: required detection probability, in (0, 1).
+
+    Returns:
+        Sample size as an int ``>= 1``, with ``exact_check_minimum_detectable_rate(n, power)
+        <= rate < exact_check_minimum_detectable_rate(n - 1, power)``.
+
+    Raises:
+        ValueError: naming ``rate`` or ``power``.
+    """
+    violation = check_tv(rate, "rate")
+    target = check_open_unit_interval(power, "power")
+    if violation == 1.0:
+        return 1
+    n = max(1, math.ceil(math.log1p(-target) / math.log1p(-violation)))
+    # Step by one where rounding put n one off the boundary of the function it inverts.
+    while n > 1 and exact_check_minimum_detectable_rate(n - 1, target) <= violation:
+        n -= 1
+    while exact_check_minimum_detectable_rate(n, target) > violation:
+        n += 1
+    return n
 
 
 @dataclass(frozen=True)
@@ -255,8 +296,8 @@ def _identity_plan(
             minimum_detectable_tv=exact_check_minimum_detectable_rate(n, power),
             capped=False,
         )
-    _, df, pooled_mass = _pooling_partition(p, n, floor)
-    bound = minimum_detectable_tv(n, df, alpha, power) + pooled_mass
+    _, df, pooled_mass = pooling_partition_unchecked(p, n, floor)
+    bound = chi_square_minimum_detectable_tv(n, df, alpha, power) + pooled_mass
     return IdentityPlan(
         n=n, df=df, pooled_mass=pooled_mass, minimum_detectable_tv=bound, capped=False
     )
@@ -304,10 +345,10 @@ def identity_minimum_detectable_tv(
         ValueError: naming the invalid argument.
     """
     p = as_probs(probs)
-    size = _check_nonnegative_int(n, "n")
-    level = _check_open_unit_interval(alpha, "alpha")
-    target = _check_open_unit_interval(power, "power")
-    floor = _check_expected_floor(expected_floor)
+    size = check_nonnegative_int(n, "n")
+    level = check_open_unit_interval(alpha, "alpha")
+    target = check_open_unit_interval(power, "power")
+    floor = check_expected_floor(expected_floor)
     return _identity_plan(p, size, level, target, floor)
 
 
@@ -345,13 +386,13 @@ def plan_identity_test(
             (only possible without ``max_n``).
     """
     p = as_probs(probs)
-    distance = _check_tv(tv)
-    level = _check_open_unit_interval(alpha, "alpha")
-    target = _check_open_unit_interval(power, "power")
-    floor = _check_expected_floor(expected_floor)
+    distance = check_tv(tv)
+    level = check_open_unit_interval(alpha, "alpha")
+    target = check_open_unit_interval(power, "power")
+    floor = check_expected_floor(expected_floor)
     limit = _MAX_SEARCH_N
     if max_n is not None:
-        limit = _check_nonnegative_int(max_n, "max_n")
+        limit = check_nonnegative_int(max_n, "max_n")
         if limit < 1:
             raise ValueError("max_n: must be >= 1")
 
@@ -383,6 +424,31 @@ def plan_identity_test(
         else:
             failing = middle
     return best
+
+
+def _smallest_reaching_n(reaches: Callable[[int], bool], name: str, value: float) -> int:
+    """Smallest ``n >= 1`` *evaluated* with ``reaches(n)``, searched as in
+    :func:`plan_identity_test`: ``n = 1, 2, 4, ...`` until it reaches, then bisection between
+    the last failing and the first reaching ``n``. For a predicate that is monotone in ``n``
+    this is the smallest such ``n``; for one monotone only up to a sawtooth (a discrete test's
+    power), ``n - 1`` always fails but some smaller unevaluated ``n`` might reach.
+
+    Raises:
+        ValueError: naming ``name`` (whose value is ``value``) when no ``n`` up to 2**60
+            reaches.
+    """
+    failing, passing = 0, 1
+    while not reaches(passing):
+        if passing >= _MAX_SEARCH_N:
+            raise ValueError(f"{name}: {value!r} is not reached by any n up to {_MAX_SEARCH_N}")
+        failing, passing = passing, min(2 * passing, _MAX_SEARCH_N)
+    while passing - failing > 1:
+        middle = (failing + passing) // 2
+        if reaches(middle):
+            passing = middle
+        else:
+            failing = middle
+    return passing
 
 
 def _last_true(predicate: Callable[[int], bool], lo: int, hi: int, guess: int) -> int | None:
@@ -453,7 +519,9 @@ def _binomial_rejection_region(n: int, rate: float, alpha: float) -> tuple[int |
     return low, high
 
 
-def binomial_minimum_detectable_shift(n: int, rate: float, alpha: float, power: float) -> float:
+def acceptance_rate_minimum_detectable_shift(
+    n: int, rate: float, alpha: float, power: float
+) -> float:
     """Smallest rate shift the exact two-sided binomial test detects with ``power`` at ``n``.
 
     The rejection region is that of :func:`acceptance_rate_test` (``scipy.stats.binomtest``,
@@ -480,10 +548,10 @@ def binomial_minimum_detectable_shift(n: int, rate: float, alpha: float, power: 
     Raises:
         ValueError: naming the invalid argument.
     """
-    trials = _check_nonnegative_int(n, "n")
-    null_rate = _check_rate(rate, "rate")
-    level = _check_open_unit_interval(alpha, "alpha")
-    target = _check_open_unit_interval(power, "power")
+    trials = check_nonnegative_int(n, "n")
+    null_rate = check_rate(rate, "rate")
+    level = check_open_unit_interval(alpha, "alpha")
+    target = check_open_unit_interval(power, "power")
     if trials == 0:
         return math.inf
     low, high = _binomial_rejection_region(trials, null_rate, level)
@@ -513,3 +581,83 @@ def binomial_minimum_detectable_shift(n: int, rate: float, alpha: float, power: 
         delta = float(scipy.optimize.brentq(shortfall, 0.0, room, xtol=1e-12, rtol=1e-10))
         worst = max(worst, delta)
     return worst
+
+
+def acceptance_rate_sample_size(shift: float, rate: float, alpha: float, power: float) -> int:
+    """Smallest ``n`` (evaluated) at which :func:`acceptance_rate_test` detects a rate shift of
+    ``shift`` in either direction with ``power``: the inverse of
+    :func:`acceptance_rate_minimum_detectable_shift`.
+
+    The minimum detectable shift of a discrete test falls with ``n`` only up to a sawtooth, so
+    the search is that of :func:`plan_identity_test` (doubling, then bisection): at the
+    returned ``n`` the shift is detected and at ``n - 1`` it is not, but some smaller
+    unevaluated ``n`` might detect it too.
+
+    Args:
+        shift: rate shift to detect, in (0, 1] (the TV between Bernoulli(rate) and the shifted
+            Bernoulli).
+        rate: null success probability, in [0, 1].
+        alpha: significance level, in (0, 1).
+        power: required power, in (0, 1).
+
+    Returns:
+        Sample size as an int ``>= 1`` with
+        ``acceptance_rate_minimum_detectable_shift(n, rate, alpha, power) <= shift``.
+
+    Raises:
+        ValueError: naming the invalid argument, or ``shift`` when no ``n`` up to 2**60
+            detects it.
+    """
+    distance = check_tv(shift, "shift")
+    null_rate = check_rate(rate, "rate")
+    level = check_open_unit_interval(alpha, "alpha")
+    target = check_open_unit_interval(power, "power")
+    return _smallest_reaching_n(
+        lambda n: acceptance_rate_minimum_detectable_shift(n, null_rate, level, target)
+        <= distance,
+        "shift",
+        distance,
+    )
+
+
+def rate_bound_sample_size(
+    shift: float, bound: float, alpha: float, power: float, alternative: str
+) -> int:
+    """Smallest ``n`` (evaluated) at which
+    :func:`~losslessness.stats.binomial.rate_bound_test` detects a rate ``shift`` beyond
+    ``bound`` with ``power``: the inverse of
+    :func:`~losslessness.stats.binomial.rate_bound_minimum_detectable_shift`, searched as in
+    :func:`acceptance_rate_sample_size`.
+
+    Args:
+        shift: shift beyond the bound to detect, in (0, 1].
+        bound: the rate bound, in [0, 1].
+        alpha: the test's level, in (0, 1).
+        power: required power, in (0, 1).
+        alternative: ``"greater"`` or ``"less"``, as in the test.
+
+    Returns:
+        Sample size as an int ``>= 1`` with
+        ``rate_bound_minimum_detectable_shift(n, bound, alpha, power, alternative) <= shift``.
+
+    Raises:
+        ValueError: naming the invalid argument; ``shift`` when it exceeds the room beyond the
+            bound (no rate that far exists) or no ``n`` up to 2**60 detects it.
+    """
+    distance = check_tv(shift, "shift")
+    rate = check_rate(bound, "bound")
+    level = check_open_unit_interval(alpha, "alpha")
+    target = check_open_unit_interval(power, "power")
+    # The test validates ``alternative`` itself; ask it once before searching.
+    rate_bound_minimum_detectable_shift(1, rate, level, target, alternative)
+    room = 1.0 - rate if alternative == "greater" else rate
+    if distance > room:
+        raise ValueError(
+            f"shift: {distance!r} exceeds the room beyond the bound {rate!r} ({room!r})"
+        )
+    return _smallest_reaching_n(
+        lambda n: rate_bound_minimum_detectable_shift(n, rate, level, target, alternative)
+        <= distance,
+        "shift",
+        distance,
+    )

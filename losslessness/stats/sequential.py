@@ -23,6 +23,12 @@ is a martingale.
 All values are natural logarithms of e-values. Exactness: the guarantee holds for any
 ``alpha``; calibration tests measure it where it can be resolved (1e-2, 1e-3), and at the
 per-assertion levels of a run (about 1e-6) it is Ville's inequality, not an extrapolation.
+
+No TFP triple here, by design: the assertion is "the log e-value crosses ``log(1 / alpha)``"
+(at the sequential share of :func:`split_alpha`), but an e-process is not sized. Each one runs
+beside a fixed-n test (identity or binomial, :mod:`losslessness.stats.power`) that keeps the
+rest of the level and carries the stated minimum detectable discrepancy and sample size; the
+e-process can only stop a lossy case earlier.
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy import special
 
-from losslessness.stats.identity import _check_open_unit_interval
+from losslessness.stats.validation import check_open_unit_interval
 
 __all__ = [
     "KT_CONCENTRATION",
@@ -91,7 +97,7 @@ def split_alpha(alpha: float, share: float = SEQUENTIAL_ALPHA_SHARE) -> AlphaSpl
     Raises:
         ValueError: naming ``alpha`` or ``share`` when out of range.
     """
-    level = _check_open_unit_interval(alpha, "alpha")
+    level = check_open_unit_interval(alpha, "alpha")
     if not 0.0 <= share < 1.0:
         raise ValueError(f"share: must lie in [0, 1), got {share!r}")
     return AlphaSplit(level * share, level * (1.0 - share))

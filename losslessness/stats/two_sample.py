@@ -15,6 +15,9 @@ Contract (in the manner of TFP's ``statistical_testing``, like
   :func:`two_sample_sample_size` the per-sample ``n`` (equal sizes) for a given TV.
 - **Nothing is claimed below it**, nor for a difference hidden inside the pooled cell.
 
+The triple: :func:`two_sample_test` / :func:`two_sample_minimum_detectable_tv` /
+:func:`two_sample_sample_size`.
+
 Pooling follows the identity test's one rule (:func:`losslessness.stats.identity.
 pooling_partition`, "cells expected below the floor pool into one"), applied to the pooled
 empirical law ``(a + b) / (n_a + n_b)`` at the smaller sample's size ``min(n_a, n_b)``: under the
@@ -41,13 +44,15 @@ from numpy.typing import ArrayLike
 
 from losslessness.stats.identity import (
     EXPECTED_COUNT_FLOOR,
-    _check_expected_floor,
-    _check_nonnegative_int,
-    _check_open_unit_interval,
-    _pooling_partition,
     as_counts,
+    pooling_partition_unchecked,
 )
-from losslessness.stats.power import chi_square_sample_size, minimum_detectable_tv
+from losslessness.stats.power import chi_square_minimum_detectable_tv, chi_square_sample_size
+from losslessness.stats.validation import (
+    check_expected_floor,
+    check_nonnegative_int,
+    check_open_unit_interval,
+)
 
 __all__ = [
     "TwoSampleTestResult",
@@ -125,14 +130,14 @@ def two_sample_test(
         raise ValueError(
             f"counts_b: length {b.shape[0]} does not match counts_a length {a.shape[0]}"
         )
-    floor = _check_expected_floor(expected_floor)
+    floor = check_expected_floor(expected_floor)
     n_a, n_b = int(a.sum()), int(b.sum())
     total = a + b
     n = n_a + n_b
     if n == 0:
         return TwoSampleTestResult(0.0, 1.0, 0, 0, 0, 0, 0, 0.0, floor)
     pooled_law = total / float(n)
-    pooled, df, pooled_mass = _pooling_partition(pooled_law, min(n_a, n_b), floor)
+    pooled, df, pooled_mass = pooling_partition_unchecked(pooled_law, min(n_a, n_b), floor)
     n_pooled = int(pooled.sum())
     if df == 0:
         return TwoSampleTestResult(0.0, 1.0, 0, 1, n_a, n_b, n_pooled, pooled_mass, floor)
@@ -166,7 +171,8 @@ def two_sample_minimum_detectable_tv(
     chi-square(df) with noncentrality ``n_eff * w**2``, ``n_eff = n_a n_b / (n_a + n_b)`` and
     ``w**2 = sum((p_a - p_b)**2 / pbar)``, ``pbar`` the mixture weighted by the sample sizes
     (Cohen 1988, ch. 7); by Cauchy-Schwarz ``w >= sum |p_a - p_b| = 2 TV``. So this is
-    :func:`losslessness.stats.power.minimum_detectable_tv` at the effective size ``n_eff``:
+    :func:`losslessness.stats.power.chi_square_minimum_detectable_tv` at the effective size
+    ``n_eff``:
     about ``sqrt(2)`` times the identity test's at ``n`` for two samples of ``n`` each.
 
     Args:
@@ -181,16 +187,16 @@ def two_sample_minimum_detectable_tv(
     Raises:
         ValueError: naming the argument that is out of range or of the wrong type.
     """
-    size_a = _check_nonnegative_int(n_a, "n_a")
-    size_b = _check_nonnegative_int(n_b, "n_b")
-    dof = _check_nonnegative_int(df, "df")
-    level = _check_open_unit_interval(alpha, "alpha")
-    target = _check_open_unit_interval(power, "power")
+    size_a = check_nonnegative_int(n_a, "n_a")
+    size_b = check_nonnegative_int(n_b, "n_b")
+    dof = check_nonnegative_int(df, "df")
+    level = check_open_unit_interval(alpha, "alpha")
+    target = check_open_unit_interval(power, "power")
     if size_a == 0 or size_b == 0 or dof == 0:
         return math.inf
     effective = size_a * size_b / (size_a + size_b)
-    # minimum_detectable_tv(n) = sqrt(lambda / n) / 2, so scale its value at n = 1.
-    return minimum_detectable_tv(1, dof, level, target) / math.sqrt(effective)
+    # chi_square_minimum_detectable_tv(n) = sqrt(lambda / n) / 2, so scale its value at n = 1.
+    return chi_square_minimum_detectable_tv(1, dof, level, target) / math.sqrt(effective)
 
 
 def two_sample_sample_size(tv: float, df: int, alpha: float, power: float) -> int:

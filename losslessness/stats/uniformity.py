@@ -59,6 +59,11 @@ and they are independent, the test is conservative, by coupling each p-value abo
 Chi-square identity-test p-values are uniform only approximately; the calibration tests
 (``tests/calibration/test_uniformity_calibration.py``) measure the false-alarm rate with them.
 
+No TFP triple: the assertion is :func:`uniformity_test`, but it has no planned minimum
+detectable effect or sample size (its power against the zoo is measured,
+``benchmarks/uniformity_power.py``); it adds power to the per-assertion tests, which carry the
+run's stated minimum detectable TVs.
+
 Shapes: ``pvalues`` is ``[m]`` (any 1-D array-like, any order).
 """
 
@@ -71,6 +76,8 @@ import numpy as np
 import scipy.special
 import scipy.stats
 from numpy.typing import ArrayLike, NDArray
+
+from losslessness.stats.validation import check_real
 
 __all__ = [
     "DEFAULT_ALPHA0",
@@ -142,9 +149,7 @@ def as_pvalues(pvalues: ArrayLike, name: str = "pvalues") -> NDArray[np.float64]
 
 
 def _check_alpha0(alpha0: object) -> float:
-    if isinstance(alpha0, (bool, np.bool_)) or not isinstance(alpha0, (int, float, np.number)):
-        raise ValueError(f"alpha0: must be a real number, got {type(alpha0).__name__}")
-    value = float(alpha0)
+    value = check_real(alpha0, "alpha0")
     if not 0.0 < value <= 1.0:
         raise ValueError(f"alpha0: must lie in (0, 1], got {value!r}")
     return value

@@ -22,7 +22,7 @@ from losslessness.adapters.mutants import MUTANT_PREFIX, MUTANTS, Mutant, mutant
 from losslessness.cases import ChainCase, GreedyCase
 from losslessness.checks import check_greedy, run_chain_checks
 from losslessness.cli import main
-from losslessness.design import AuditConfig
+from losslessness.config import AuditConfig
 from losslessness.engine import run_audit
 from losslessness.engine.draw import sample_chain, sample_greedy
 from losslessness.reference.block import declared_verification

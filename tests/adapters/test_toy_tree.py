@@ -38,7 +38,7 @@ from losslessness.adapters.toy_tree import (
     multi_draft_decoder,
     static_tree_decoder,
 )
-from losslessness.design import AuditConfig
+from losslessness.config import AuditConfig
 from losslessness.engine import run_audit
 from losslessness.protocol import PLACEHOLDER, TreeOutput, tree_depths, validate_tree_inputs
 from losslessness.reference.decoding import greedy_decode

@@ -33,7 +33,7 @@ from losslessness.adapters.transformers_generate import (
     prompt_lookup_target,
     tiny_models,
 )
-from losslessness.design import AuditConfig
+from losslessness.config import AuditConfig
 from losslessness.engine import run_audit
 from losslessness.protocol import (
     EndToEndGenerator,

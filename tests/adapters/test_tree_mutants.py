@@ -30,7 +30,7 @@ from losslessness.adapters.tree_mutants import (
 )
 from losslessness.cases import GreedyTreeCase, TreeCase
 from losslessness.checks.tree import check_tree_greedy
-from losslessness.design import AuditConfig
+from losslessness.config import AuditConfig
 from losslessness.engine import run_audit
 from losslessness.protocol import InvalidInputError, TreeVerifier
 from losslessness.reference.tree import verify_tree, verify_tree_greedy

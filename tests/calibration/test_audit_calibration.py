@@ -17,7 +17,7 @@ from scipy import stats
 
 from losslessness.adapters import resolve_adapter
 from losslessness.checks import check_acceptance, check_conditional_laws
-from losslessness.design import AuditConfig
+from losslessness.config import AuditConfig
 from losslessness.engine import run_audit
 from losslessness.engine.battery import default_chain_battery
 from losslessness.engine.draw import sample_chain

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from losslessness.checks.precision import (
-    cast_probabilities,
     check_precision,
     decision_tolerance,
+    law_after_cast,
     precision_report,
     sample_tolerance,
     summation_error_bound,
@@ -59,15 +59,15 @@ def test_precision_results_are_diagnostics_never_lossy() -> None:
     assert visible == {"torch.float32": False, "torch.float16": False, "torch.bfloat16": True}
 
 
-def test_cast_probabilities_keeps_zeros_and_sums_to_one() -> None:
+def test_law_after_cast_keeps_zeros_and_sums_to_one() -> None:
     """The cast law keeps exact zeros, sums to 1, and falls back to the argmax for a row whose
     every mass underflows."""
     case = CASES["v64-zeros"]
-    cast = cast_probabilities(case.target_probs, torch.float16)
+    cast = law_after_cast(case.target_probs, torch.float16)
     assert torch.equal(cast == 0, case.target_probs == 0)
     assert torch.allclose(cast.sum(-1), torch.ones((), dtype=torch.float64), atol=1e-12)
     tiny = torch.tensor([[1e-30, 2e-30]], dtype=torch.float64) / 3e-30
-    assert cast_probabilities(tiny * 1e-40, torch.float16).tolist() == [[0.0, 1.0]]
+    assert law_after_cast(tiny * 1e-40, torch.float16).tolist() == [[0.0, 1.0]]
 
 
 def test_tolerances_follow_unit_roundoff_and_validate_arguments() -> None:

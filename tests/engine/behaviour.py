@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from losslessness.adapters import Adapter, resolve_adapter
-from losslessness.design import RunConfig
+from losslessness.config import RunConfig
 from losslessness.engine import ShardSpec, finish_run, plan_run, run_audit, run_shard
 from losslessness.engine.tables import CountTable
 from reports.jsonio import audit_to_dict
@@ -90,10 +90,12 @@ def reference() -> dict[str, Any]:
 
 
 def chain_mutant() -> dict[str, Any]:
-    """A lossy chain mutant of the zoo at a tenth of the CI budget, fixed design (with early
-    stopping the cases are interleaved by the time each has spent, so where the others stop
-    depends on the machine's speed)."""
-    return _audit(["mutant/residual-zeroes-rejected-token"], budget=0.1, early_stop=False)
+    """A lossy chain mutant of the zoo at a tenth of the CI plan's steps, fixed design (with
+    early stopping the cases are interleaved by the time each has spent, so where the others
+    stop depends on the machine's speed)."""
+    return _audit(
+        ["mutant/residual-zeroes-rejected-token"], step_multiplier=0.1, early_stop=False
+    )
 
 
 def chain_mutant_early_stop() -> dict[str, Any]:
@@ -110,7 +112,7 @@ def tree_mutant() -> dict[str, Any]:
 def sharded() -> dict[str, Any]:
     """Two shards of a chunked fixed-design grid, merged."""
     config = RunConfig(
-        budget=0.05,
+        step_multiplier=0.05,
         cases=("v2-tilted", "v8-far", "v32-mixed-batch", "edge-disjoint", "greedy-v8-ties"),
         suite=False,
         device_checks=False,

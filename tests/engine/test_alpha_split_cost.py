@@ -11,7 +11,7 @@ at the design TV is unchanged: they are sized at their own (smaller) level.
 from __future__ import annotations
 
 from losslessness.adapters import resolve_adapter
-from losslessness.design import RunConfig
+from losslessness.config import RunConfig
 from losslessness.engine import plan_run
 
 GOAL = 1.05

@@ -24,7 +24,7 @@ import pytest
 from click.testing import CliRunner
 
 from losslessness.cli import main
-from losslessness.design import RunConfig
+from losslessness.config import RunConfig
 from losslessness.engine import ShardSpec, finish_run, make_plan, run_shard
 from losslessness.engine.cluster import (
     INSTALL_HINT,
@@ -46,7 +46,7 @@ LOSSY_TARGET = "mutant/residual-zeroes-rejected-token"
 CASES = ("v2-tilted", "v8-far", "edge-disjoint", "greedy-v2-random")
 CONFIG = RunConfig.nightly(
     "cpu",
-    budget=0.05,
+    step_multiplier=0.05,
     cases=CASES,
     suite=False,
     device_checks=False,

@@ -13,9 +13,9 @@ from click.testing import CliRunner
 
 from losslessness.adapters import Adapter, resolve_adapter
 from losslessness.cli import main
-from losslessness.design import RunConfig
+from losslessness.config import RunConfig
 from losslessness.engine import plan_run, run_audit
-from losslessness.engine.budget import FIT_FRACTION, fit_time_budget
+from losslessness.engine.time_budget import FIT_FRACTION, fit_time_budget
 from losslessness.reference import verify
 from losslessness.results import CheckKind, TargetVerdict, Verdict
 from losslessness.stats.sequential import SEQUENTIAL_ALPHA_SHARE
@@ -177,10 +177,10 @@ def test_time_budget_fits_at_the_ci_step_multiplier_whatever_the_config_had() ->
     0.05 left in place the plan would draw a twentieth of the steps the claim priced: the
     engines nightly claimed TV 0.05 and its laws reached 0.15-0.6)."""
     slow = Adapter("slow", "reference one row at a time", chain=_slow_verify)
-    fit = fit_time_budget(RunConfig(cases=CASES, time_budget_s=4.0, budget=0.05), [slow])
-    assert fit.config.budget == 1.0
+    fit = fit_time_budget(RunConfig(cases=CASES, time_budget_s=4.0, step_multiplier=0.05), [slow])
+    assert fit.config.step_multiplier == 1.0
     plan = plan_run(fit.config, [slow])
-    assert plan.config.budget == 1.0
+    assert plan.config.step_multiplier == 1.0
     total = sum(fit.estimate_s.values())
     assert total <= FIT_FRACTION * 4.0 or len(fit.config.cases) == 1
 

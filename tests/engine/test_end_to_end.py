@@ -20,7 +20,7 @@ from losslessness.adapters.toy import MUTANT_TEMPERATURE, adapter, mutant_adapte
 from losslessness.checks import count_statistical_assertions
 from losslessness.checks.tree import tree_assertions
 from losslessness.cli import main
-from losslessness.design import AuditConfig
+from losslessness.config import AuditConfig
 from losslessness.engine import plan_run, run_audit
 from losslessness.engine.battery import default_chain_battery
 from losslessness.engine.draw import rows_per_call

@@ -17,7 +17,7 @@ import torch
 
 from losslessness.adapters import Adapter, NotApplicable, resolve_adapter
 from losslessness.adapters.vllm import SamplerOptions
-from losslessness.design import RunConfig
+from losslessness.config import RunConfig
 from losslessness.engine import (
     ShardSpec,
     finish_run,
@@ -135,7 +135,7 @@ def test_a_target_to_which_no_case_applies_is_unavailable_not_lossless() -> None
 
 def test_not_applicable_survives_sharding_save_load_and_merge(tmp_path: Path) -> None:
     """Two shards saved and loaded give the same SKIPPED checks and messages as one run."""
-    config = RunConfig(cases=("v2-skewed", "v2-tilted"), steps=300, budget=1.0, seed=4)
+    config = RunConfig(cases=("v2-skewed", "v2-tilted"), steps=300, step_multiplier=1.0, seed=4)
     plan = plan_run(config, [_lossless_fake()])
     whole = finish_run([run_shard(plan, ShardSpec(0, 1), tmp_path)]).audit
     paths = [

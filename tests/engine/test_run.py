@@ -19,7 +19,7 @@ from losslessness.adapters import Adapter, resolve_adapter
 from losslessness.adapters.mutants import MUTANTS
 from losslessness.checks import count_statistical_assertions
 from losslessness.cli import main
-from losslessness.design import RunConfig
+from losslessness.config import RunConfig
 from losslessness.engine import ShardSpec, finish_run, plan_run, run_audit, run_shard
 from losslessness.engine.battery import default_chain_battery
 from losslessness.engine.draw import rows_per_call

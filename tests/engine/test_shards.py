@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from losslessness.adapters import Adapter, resolve_adapter
 from losslessness.cli import main
-from losslessness.design import RunConfig
+from losslessness.config import RunConfig
 from losslessness.engine import (
     RunPlan,
     ShardMergeError,
@@ -32,10 +32,10 @@ from losslessness.results import TargetVerdict, Verdict
 from tests import wrong_verifiers
 from tests.engine.outcomes import check_outcome
 
-# Small budget, a few cases (V = 2 and 8, a batch of three row types, disjoint supports, two
-# greedy cases) and small chunks: every chain case spans several chunks, so shards hold parts
-# of the same case and the merge really sums tables; the grid samples in a few seconds.
-BUDGET = 0.05
+# Small step multiplier, a few cases (V = 2 and 8, a batch of three row types, disjoint
+# supports, two greedy cases) and small chunks: every chain case spans several chunks, so shards
+# hold parts of the same case and the merge really sums tables; the grid samples in a few seconds.
+STEP_MULTIPLIER = 0.05
 CHUNK = 64
 CASES = (
     "v2-tilted",
@@ -47,9 +47,9 @@ CASES = (
 )
 
 
-def _plan(budget: float = BUDGET) -> RunPlan:
+def _plan(step_multiplier: float = STEP_MULTIPLIER) -> RunPlan:
     config = RunConfig(
-        budget=budget,
+        step_multiplier=step_multiplier,
         cases=CASES,
         suite=False,
         device_checks=False,
@@ -164,12 +164,13 @@ def test_merged_steps_are_the_planned_steps(plan: RunPlan, one_run: RunResult) -
 def test_merge_refuses_shards_of_different_plans_naming_the_difference(
     plan: RunPlan, tmp_path: Path
 ) -> None:
-    """Shards planned with different budgets do not merge; the error names ``config.budget``
-    and both shards."""
-    other = _plan(budget=2 * BUDGET)
+    """Shards planned with different step multipliers do not merge; the error names
+    ``config.step_multiplier`` and both shards."""
+    other = _plan(step_multiplier=2 * STEP_MULTIPLIER)
     first = run_shard(plan, ShardSpec(0, 2), tmp_path)
     second = dataclasses.replace(first, plan=other.record, source="other.npz")
-    with pytest.raises(ShardMergeError, match=r"different plans: .*config\.budget") as raised:
+    different = r"different plans: .*config\.step_multiplier"
+    with pytest.raises(ShardMergeError, match=different) as raised:
         finish_run([first, second])
     assert "other.npz" in str(raised.value)
 
@@ -207,11 +208,11 @@ def test_suite_junit_maps_failures_to_lossy_and_errors_to_error() -> None:
 def test_nightly_command_writes_the_four_reports_and_merge_refuses_bad_shards(
     tmp_path: Path,
 ) -> None:
-    """``losslessness nightly --out DIR`` (reduced budget and battery, reference only) writes
-    report.html, report.md, junit.xml and report.json (and nightly.json) and exits 0;
+    """``losslessness nightly --out DIR`` (reduced step multiplier and battery, reference only)
+    writes report.html, report.md, junit.xml and report.json (and nightly.json) and exits 0;
     ``--shard 2/2`` and merging one shard of two are usage errors (exit 2) that say why."""
     runner = CliRunner()
-    options = ["--targets", "reference", "--budget", str(BUDGET), "--no-suite"]
+    options = ["--targets", "reference", "--budget", str(STEP_MULTIPLIER), "--no-suite"]
     options += [f"--case={case}" for case in CASES]
     options += ["--no-device-checks", "--no-progress"]
     out = tmp_path / "night"

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from losslessness.adapters import resolve_adapter
 from losslessness.checks.tree import tree_assertions, tree_steps
 from losslessness.cli import main
-from losslessness.design import RunConfig
+from losslessness.config import RunConfig
 from losslessness.engine.plan import MIN_STEPS, PlanRecord, plan_run
 from losslessness.engine.run import finish_run, run_shard
 from losslessness.engine.shards import ShardSpec, load_shard, save_shard
@@ -59,7 +59,7 @@ def test_the_budget_counts_every_statistical_tree_assertion() -> None:
 
 def test_tree_cases_are_sized_from_the_design_tv_and_capped() -> None:
     """A tree case's trees are tree_steps at the fixed-n share of the run's per-assertion
-    alpha, capped by --max-steps (and the CI cap), scaled by the budget."""
+    alpha, capped by --max-steps (and the CI cap), scaled by the step multiplier."""
     reference = resolve_adapter("reference")
     config = RunConfig(cases=TREE_CASES)
     plan = plan_run(config, [reference])
@@ -69,7 +69,7 @@ def test_tree_cases_are_sized_from_the_design_tv_and_capped() -> None:
         cap = min(config.max_steps, TREE_CI_MAX_STEPS)
         steps, needed = tree_steps(case, config.tv, alpha, config.power, cap, MIN_STEPS)
         assert (grid.ci_steps, grid.needed_steps, grid.capped) == (steps, needed, needed > cap)
-    small = plan_run(RunConfig(cases=TREE_CASES, max_steps=2500, budget=2), [reference])
+    small = plan_run(RunConfig(cases=TREE_CASES, max_steps=2500, step_multiplier=2), [reference])
     for grid in small.record.tree_cases.values():
         assert grid.ci_steps <= 2500
         assert grid.n_steps == math.ceil(grid.ci_steps * 2)

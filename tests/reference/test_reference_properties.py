@@ -62,10 +62,10 @@ from losslessness.reference import (
 from losslessness.seeding import derive_seed
 from losslessness.stats import (
     ErrorBudget,
+    acceptance_rate_minimum_detectable_shift,
     acceptance_rate_test,
-    binomial_minimum_detectable_shift,
+    chi_square_minimum_detectable_tv,
     identity_test,
-    minimum_detectable_tv,
 )
 from strategies import (
     chain_cases,
@@ -113,10 +113,14 @@ BUDGET = ErrorBudget(
 ALPHA = BUDGET.per_assertion_alpha
 """Per-assertion significance level."""
 
-MIN_DETECTABLE_TV_AT_POSITION_0 = minimum_detectable_tv(STEPS_PER_ROW, MAX_VOCAB - 1, ALPHA, 0.9)
+MIN_DETECTABLE_TV_AT_POSITION_0 = chi_square_minimum_detectable_tv(
+    STEPS_PER_ROW, MAX_VOCAB - 1, ALPHA, 0.9
+)
 """TV that position 0's identity test detects with power 0.9 at V = 64 (about 0.08)."""
 
-MIN_DETECTABLE_ACCEPTANCE_SHIFT = binomial_minimum_detectable_shift(STEPS_PER_ROW, 0.5, ALPHA, 0.9)
+MIN_DETECTABLE_ACCEPTANCE_SHIFT = acceptance_rate_minimum_detectable_shift(
+    STEPS_PER_ROW, 0.5, ALPHA, 0.9
+)
 """Acceptance-rate shift detected with power 0.9 at position 0, rate 0.5 (about 0.05)."""
 
 

@@ -15,7 +15,7 @@ import dataclasses
 import pytest
 
 from losslessness.adapters import resolve_adapter
-from losslessness.design import AuditConfig
+from losslessness.config import AuditConfig
 from losslessness.engine import run_audit
 from losslessness.results import AuditResult, TargetVerdict, Verdict
 from reports import audit_from_dict, audit_to_dict, compute_trends, render_markdown

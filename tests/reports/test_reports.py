@@ -12,9 +12,9 @@ import pytest
 from rich.console import Console
 
 from losslessness.adapters import resolve_adapter
-from losslessness.design import AuditConfig
+from losslessness.config import AuditConfig
 from losslessness.engine import UnavailableTarget, run_audit
-from losslessness.results import AuditResult
+from losslessness.results import SCHEMA_VERSION, AuditResult
 from reports import audit_from_dict, audit_to_dict, print_audit, read_json, write_json
 
 
@@ -59,6 +59,22 @@ def test_wrong_schema_version_is_rejected(result: AuditResult) -> None:
     data["schema_version"] = "0"
     with pytest.raises(ValueError, match="schema_version"):
         audit_from_dict(data)
+
+
+def test_a_version_2_record_reads_its_budget_as_the_step_multiplier(result: AuditResult) -> None:
+    """A record of schema version 2 (``config.budget``, before the rename) reads into the
+    current layout: the same record, ``step_multiplier`` from ``budget``, the current version."""
+    data = audit_to_dict(result)
+    config = dict(data["config"])
+    config["budget"] = config.pop("step_multiplier") * 2
+    old = {**data, "schema_version": "2", "config": config}
+    again = audit_from_dict(old)
+    assert again.schema_version == SCHEMA_VERSION
+    assert again.config.step_multiplier == 2 * result.config.step_multiplier
+    assert audit_to_dict(again) == {
+        **data,
+        "config": {**data["config"], "step_multiplier": 2 * result.config.step_multiplier},
+    }
 
 
 def test_terminal_table_shows_design_numbers(result: AuditResult) -> None:

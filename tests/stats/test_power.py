@@ -20,18 +20,21 @@ import scipy.stats
 from losslessness.stats import (
     EXPECTED_COUNT_FLOOR,
     IdentityPlan,
+    acceptance_rate_minimum_detectable_shift,
+    acceptance_rate_sample_size,
     acceptance_rate_test,
-    binomial_minimum_detectable_shift,
+    chi_square_minimum_detectable_tv,
     chi_square_power,
     chi_square_sample_size,
     exact_check_minimum_detectable_rate,
+    exact_check_sample_size,
     identity_minimum_detectable_tv,
     identity_test,
-    minimum_detectable_tv,
     plan_identity_test,
     pooling_partition,
 )
-from losslessness.stats.power import _binomial_rejection_region
+from losslessness.stats.binomial import rate_bound_minimum_detectable_shift
+from losslessness.stats.power import _binomial_rejection_region, rate_bound_sample_size
 
 
 def test_chi_square_power_increases_with_n_and_tv() -> None:
@@ -57,20 +60,20 @@ def test_chi_square_power_edge_cases() -> None:
 @pytest.mark.parametrize("power", [0.5, 0.9, 0.99])
 def test_minimum_detectable_tv_inverts_chi_square_power(n: int, df: int, power: float) -> None:
     """The power at the returned TV is the requested power."""
-    tv = minimum_detectable_tv(n, df, 1e-3, power)
+    tv = chi_square_minimum_detectable_tv(n, df, 1e-3, power)
     assert 0.0 < tv <= 1.0
     assert chi_square_power(n, tv, df, 1e-3) == pytest.approx(power, abs=1e-8)
 
 
 def test_minimum_detectable_tv_is_infinite_when_nothing_is_testable() -> None:
     """No samples or no degrees of freedom: no deviation is detectable."""
-    assert minimum_detectable_tv(0, 5, 1e-3, 0.9) == math.inf
-    assert minimum_detectable_tv(100, 0, 1e-3, 0.9) == math.inf
+    assert chi_square_minimum_detectable_tv(0, 5, 1e-3, 0.9) == math.inf
+    assert chi_square_minimum_detectable_tv(100, 0, 1e-3, 0.9) == math.inf
 
 
 def test_minimum_detectable_tv_may_exceed_one() -> None:
     """Too few samples give a bound above 1, returned as is for callers to show."""
-    assert minimum_detectable_tv(1, 100, 1e-6, 0.99) > 1.0
+    assert chi_square_minimum_detectable_tv(1, 100, 1e-6, 0.99) > 1.0
 
 
 @pytest.mark.parametrize(("tv", "df"), [(0.01, 1), (0.05, 15), (0.1, 300)])
@@ -81,7 +84,9 @@ def test_sample_size_round_trips(tv: float, df: int) -> None:
     assert chi_square_power(n, tv, df, 1e-3) >= 0.9
     assert chi_square_power(n - 1, tv, df, 1e-3) < 0.9
     assert (
-        minimum_detectable_tv(n, df, 1e-3, 0.9) <= tv < minimum_detectable_tv(n - 1, df, 1e-3, 0.9)
+        chi_square_minimum_detectable_tv(n, df, 1e-3, 0.9)
+        <= tv
+        < chi_square_minimum_detectable_tv(n - 1, df, 1e-3, 0.9)
     )
 
 
@@ -125,7 +130,7 @@ def test_honest_bound_adds_the_pooled_mass() -> None:
     assert pooled_mass > 0.0
     assert (plan.df, plan.pooled_mass) == (df, pooled_mass)
     assert plan.minimum_detectable_tv == pytest.approx(
-        minimum_detectable_tv(n, df, 1e-3, 0.9) + pooled_mass
+        chi_square_minimum_detectable_tv(n, df, 1e-3, 0.9) + pooled_mass
     )
     assert not plan.capped
 
@@ -169,6 +174,51 @@ def test_exact_check_rate_formula() -> None:
     )
 
 
+@pytest.mark.parametrize("rate", [1e-9, 1e-3, 0.05, 0.5, 0.999, 1.0])
+@pytest.mark.parametrize("power", [0.5, 0.9, 0.99])
+def test_exact_check_sample_size_inverts_the_minimum_detectable_rate(
+    rate: float, power: float
+) -> None:
+    """The exact check's triple closes: at the returned n the rate is caught with ``power``,
+    at n - 1 it is not."""
+    n = exact_check_sample_size(rate, power)
+    assert exact_check_minimum_detectable_rate(n, power) <= rate
+    assert n == 1 or exact_check_minimum_detectable_rate(n - 1, power) > rate
+
+
+@pytest.mark.parametrize(("shift", "rate"), [(0.05, 0.5), (0.02, 0.9), (0.1, 0.0), (0.03, 1.0)])
+def test_acceptance_rate_sample_size_inverts_the_minimum_detectable_shift(
+    shift: float, rate: float
+) -> None:
+    """The acceptance-rate test's triple closes: the shift is detected at the returned n and
+    not at n - 1."""
+    n = acceptance_rate_sample_size(shift, rate, 1e-3, 0.9)
+    assert acceptance_rate_minimum_detectable_shift(n, rate, 1e-3, 0.9) <= shift
+    assert acceptance_rate_minimum_detectable_shift(n - 1, rate, 1e-3, 0.9) > shift
+
+
+@pytest.mark.parametrize(
+    ("bound", "alternative"), [(0.3, "greater"), (0.3, "less"), (0.0, "greater")]
+)
+def test_rate_bound_sample_size_inverts_the_minimum_detectable_shift(
+    bound: float, alternative: str
+) -> None:
+    """The rate-bound test's triple closes: the shift is detected at the returned n and not
+    at n - 1."""
+    n = rate_bound_sample_size(0.05, bound, 1e-3, 0.9, alternative)
+    assert rate_bound_minimum_detectable_shift(n, bound, 1e-3, 0.9, alternative) <= 0.05
+    assert rate_bound_minimum_detectable_shift(n - 1, bound, 1e-3, 0.9, alternative) > 0.05
+
+
+def test_rate_bound_sample_size_refuses_a_shift_beyond_the_room() -> None:
+    """No rate lies 0.2 above a bound of 0.9, so no n detects it: ValueError naming ``shift``;
+    a bad ``alternative`` is named before any search."""
+    with pytest.raises(ValueError, match=r"shift: 0\.2 exceeds the room"):
+        rate_bound_sample_size(0.2, 0.9, 1e-3, 0.9, "greater")
+    with pytest.raises(ValueError, match="alternative"):
+        rate_bound_sample_size(0.05, 0.5, 1e-3, 0.9, "two-sided")
+
+
 def _detection_rate(n: int, true_rate: float, alpha: float, draws: int, seed: int) -> float:
     """Fraction of Binomial(n, true_rate) draws that acceptance_rate_test rejects at alpha."""
     successes = np.random.default_rng(seed).binomial(n, true_rate, size=draws)
@@ -183,7 +233,7 @@ def test_binomial_shift_is_detected_with_the_requested_power() -> None:
     about 0.9 (in [0.85, 0.95] over 2000 draws) and the other at least as often; half the shift
     is detected clearly less often. The shift is exact, so a normal approximation would miss."""
     n, rate, alpha = 2000, 0.3, 1e-3
-    shift = binomial_minimum_detectable_shift(n, rate, alpha, 0.9)
+    shift = acceptance_rate_minimum_detectable_shift(n, rate, alpha, 0.9)
     up = _detection_rate(n, rate + shift, alpha, 2000, seed=11)
     down = _detection_rate(n, rate - shift, alpha, 2000, seed=12)
     assert 0.85 <= min(up, down) <= 0.95
@@ -196,7 +246,7 @@ def test_binomial_shift_is_detected_with_the_requested_power() -> None:
 def test_binomial_shift_power_is_exact_not_simulated() -> None:
     """The exact power of the worse direction at the shift equals the requested power."""
     n, rate, alpha = 500, 0.3, 1e-2
-    shift = binomial_minimum_detectable_shift(n, rate, alpha, 0.8)
+    shift = acceptance_rate_minimum_detectable_shift(n, rate, alpha, 0.8)
 
     def power(true_rate: float) -> float:
         outcomes = np.arange(n + 1)
@@ -211,27 +261,28 @@ def test_binomial_shift_power_is_exact_not_simulated() -> None:
 def test_binomial_shift_edge_cases() -> None:
     """n 0 detects nothing; at rate 0 the test is an exact check; with no room to detect an
     increase (rate 0.999, n 100) the worse direction is undetectable."""
-    assert binomial_minimum_detectable_shift(0, 0.5, 1e-3, 0.9) == math.inf
-    assert binomial_minimum_detectable_shift(100, 0.0, 1e-3, 0.9) == pytest.approx(
+    assert acceptance_rate_minimum_detectable_shift(0, 0.5, 1e-3, 0.9) == math.inf
+    assert acceptance_rate_minimum_detectable_shift(100, 0.0, 1e-3, 0.9) == pytest.approx(
         exact_check_minimum_detectable_rate(100, 0.9)
     )
-    assert binomial_minimum_detectable_shift(100, 1.0, 1e-3, 0.9) == pytest.approx(
+    assert acceptance_rate_minimum_detectable_shift(100, 1.0, 1e-3, 0.9) == pytest.approx(
         exact_check_minimum_detectable_rate(100, 0.9)
     )
-    assert binomial_minimum_detectable_shift(100, 0.999, 1e-3, 0.9) == math.inf
+    assert acceptance_rate_minimum_detectable_shift(100, 0.999, 1e-3, 0.9) == math.inf
 
 
 def test_binomial_shift_is_fast_at_a_million_trials() -> None:
     """The planner calls it per check; it must stay interactive (< 50 ms on a quiet machine;
     asserted at 0.5 s to leave room for a loaded CI runner)."""
     start = time.perf_counter()
-    shift = binomial_minimum_detectable_shift(1_000_000, 0.7, 5e-6, 0.9)
+    shift = acceptance_rate_minimum_detectable_shift(1_000_000, 0.7, 5e-6, 0.9)
     assert time.perf_counter() - start < 0.5
     assert 0.0 < shift < 0.01
 
 
 def test_identity_test_detects_an_alternative_at_the_minimum_detectable_tv() -> None:
-    """Empirical power of identity_test on uniform p, V = 16, at TV = minimum_detectable_tv.
+    """Empirical power of identity_test on uniform p, V = 16, at TV =
+    chi_square_minimum_detectable_tv.
 
     The alternative spreads the change in proportion to p (q = p(1 + 2 tv) on one half of the
     cells, p(1 - 2 tv) on the other, halves of equal mass), which makes Cohen's w exactly 2 TV:
@@ -243,7 +294,7 @@ def test_identity_test_detects_an_alternative_at_the_minimum_detectable_tv() -> 
     probs = np.full(size, 1 / size)
     _, df, pooled_mass = pooling_partition(probs, n, EXPECTED_COUNT_FLOOR)
     assert (df, pooled_mass) == (size - 1, 0.0)
-    tv = minimum_detectable_tv(n, df, alpha, 0.9)
+    tv = chi_square_minimum_detectable_tv(n, df, alpha, 0.9)
     sign = np.where(np.arange(size) < size // 2, 1.0, -1.0)
     alternative = probs * (1.0 + 2.0 * tv * sign)
     assert 0.5 * np.abs(alternative - probs).sum() == pytest.approx(tv)
@@ -261,13 +312,16 @@ def test_identity_test_detects_an_alternative_at_the_minimum_detectable_tv() -> 
         (lambda: chi_square_power(10, 0.0, 3, 0.01), r"tv: must lie in \(0, 1\]"),
         (lambda: chi_square_power(10, 1.5, 3, 0.01), r"tv: must lie in \(0, 1\]"),
         (lambda: chi_square_power(10, 0.1, 3, 1.0), r"alpha: must lie in the open interval"),
-        (lambda: minimum_detectable_tv(10, 3, 0.01, 0.0), r"power: must lie in the open"),
-        (lambda: minimum_detectable_tv(10, -3, 0.01, 0.5), "df: must be a non-negative"),
+        (
+            lambda: chi_square_minimum_detectable_tv(10, 3, 0.01, 0.0),
+            r"power: must lie in the open",
+        ),
+        (lambda: chi_square_minimum_detectable_tv(10, -3, 0.01, 0.5), "df: must be a non-negative"),
         (lambda: chi_square_sample_size(math.nan, 3, 0.01, 0.5), "tv: must be finite"),
         (lambda: plan_identity_test([0.5, 0.6], 0.1, 0.01, 0.9), "probs: must sum to 1"),
         (lambda: plan_identity_test([0.5, 0.5], 0.1, 0.01, 0.9, max_n=0), "max_n"),
         (lambda: identity_minimum_detectable_tv([0.5, 0.5], 10, 0.01, 0.9, -1.0), "expected_floor"),
-        (lambda: binomial_minimum_detectable_shift(10, 1.5, 0.01, 0.9), "rate"),
+        (lambda: acceptance_rate_minimum_detectable_shift(10, 1.5, 0.01, 0.9), "rate"),
         (lambda: exact_check_minimum_detectable_rate(10, 1.0), "power"),
     ],
 )

@@ -21,7 +21,7 @@ from numpy.typing import NDArray
 from losslessness.stats import (
     EXPECTED_COUNT_FLOOR,
     TwoSampleTestResult,
-    minimum_detectable_tv,
+    chi_square_minimum_detectable_tv,
     pooling_partition,
     two_sample_minimum_detectable_tv,
     two_sample_sample_size,
@@ -157,10 +157,10 @@ def test_two_sample_minimum_detectable_tv_is_identity_value_at_effective_size() 
     the one-sample value at n / 2 (sqrt(2) times that at n); empty samples or df 0 detect
     nothing."""
     assert two_sample_minimum_detectable_tv(2000, 2000, 9, 1e-3, 0.9) == pytest.approx(
-        minimum_detectable_tv(1000, 9, 1e-3, 0.9), rel=1e-12
+        chi_square_minimum_detectable_tv(1000, 9, 1e-3, 0.9), rel=1e-12
     )
     assert two_sample_minimum_detectable_tv(1000, 3000, 4, 1e-3, 0.9) == pytest.approx(
-        minimum_detectable_tv(750, 4, 1e-3, 0.9), rel=1e-12
+        chi_square_minimum_detectable_tv(750, 4, 1e-3, 0.9), rel=1e-12
     )
     assert math.isinf(two_sample_minimum_detectable_tv(0, 100, 3, 0.01, 0.9))
     assert math.isinf(two_sample_minimum_detectable_tv(100, 100, 0, 0.01, 0.9))

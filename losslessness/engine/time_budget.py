@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 from losslessness.adapters import Adapter
 from losslessness.cases import ChainCase, TreeCase
-from losslessness.design import RunConfig
+from losslessness.config import RunConfig
 from losslessness.engine.draw import (
     ChainSampler,
     call_schedule,
@@ -397,7 +397,7 @@ def fit_time_budget(
     budget = config.time_budget_s
     if budget is None:
         raise ValueError("time_budget_s: the config has no time budget to fit")
-    config = dataclasses.replace(config, budget=1.0)
+    config = dataclasses.replace(config, step_multiplier=1.0)
     plan = plan_run(config, targets, device_note)
     measured = measure_throughput(plan)
     room = FIT_FRACTION * budget

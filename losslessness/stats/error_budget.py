@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from losslessness.stats.identity import _check_nonnegative_int, _check_open_unit_interval
+from losslessness.stats.validation import check_nonnegative_int, check_open_unit_interval
 
 __all__ = ["DEFAULT_FAMILY_WISE_ALPHA", "ErrorBudget"]
 
@@ -45,10 +45,10 @@ class ErrorBudget:
     family_wise_alpha: float = DEFAULT_FAMILY_WISE_ALPHA
 
     def __post_init__(self) -> None:
-        count = _check_nonnegative_int(self.n_assertions, "n_assertions")
+        count = check_nonnegative_int(self.n_assertions, "n_assertions")
         if count < 1:
             raise ValueError(f"n_assertions: must be >= 1, got {count}")
-        _check_open_unit_interval(self.family_wise_alpha, "family_wise_alpha")
+        check_open_unit_interval(self.family_wise_alpha, "family_wise_alpha")
 
     @property
     def per_assertion_alpha(self) -> float:

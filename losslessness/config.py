@@ -1,9 +1,9 @@
 """The design every run states: the statistical design (TV, family-wise rate, power, seed) and
-what the run covers (checks, cases, budget, chunking, device checks, property suite).
+what the run covers (checks, cases, step multiplier, chunking, device checks, property suite).
 
-One :class:`RunConfig` serves the audit (a one-shard run at the CI budget) and the nightly (the
-same run at a multiple of the budget, in chunks and shards); :meth:`RunConfig.nightly` gives the
-nightly's defaults per device.
+One :class:`RunConfig` serves the audit (a one-shard run of the CI plan's steps) and the nightly
+(the same run at a multiple of the CI plan's steps, the step multiplier, in chunks and shards);
+:meth:`RunConfig.nightly` gives the nightly's defaults per device.
 """
 
 from __future__ import annotations
@@ -28,31 +28,35 @@ DEVICES = ("cpu", "cuda")
 SUITE_PROFILES = ("dev", "ci", "nightly")
 """Hypothesis profiles of the property suite."""
 
+RENAMED_FIELDS = {"budget": "step_multiplier"}
+"""Old name -> field of :class:`RunConfig`, for records written before a rename (report schema
+version 2 and plan version 4 called the step multiplier ``budget``)."""
+
 
 @dataclass(frozen=True)
 class DeviceDefaults:
     """What a night on one device runs unless told otherwise.
 
     Attributes:
-        budget: multiplier of the CI plan's verification steps.
+        step_multiplier: multiple of the CI plan's verification steps the night runs.
         suite_profile: Hypothesis profile of the property suite.
         suite_targets: targets the property suite runs on; None means every night target.
     """
 
-    budget: float
+    step_multiplier: float
     suite_profile: str
     suite_targets: tuple[str, ...] | None
 
 
 DEVICE_DEFAULTS = {
-    "cuda": DeviceDefaults(budget=10.0, suite_profile="nightly", suite_targets=None),
+    "cuda": DeviceDefaults(step_multiplier=10.0, suite_profile="nightly", suite_targets=None),
     # Reduced for a CPU machine: the transformers adapter calls one batch row at a time
     # (about 7 ms per verification step on 2 cores), so 10x the CI plan would take hours; and
     # the suite's nightly profile takes about 10 minutes of wall time on the reference alone.
-    "cpu": DeviceDefaults(budget=0.05, suite_profile="ci", suite_targets=("reference",)),
+    "cpu": DeviceDefaults(step_multiplier=0.05, suite_profile="ci", suite_targets=("reference",)),
 }
-"""Nightly defaults by device (``--budget``, suite profile, suite targets). The CPU defaults are
-a smoke-sized night; GPU machines run 10x the CI plan."""
+"""Nightly defaults by device (step multiplier ``--budget``, suite profile, suite targets). The
+CPU defaults are a smoke-sized night; GPU machines run 10x the CI plan."""
 
 
 @dataclass(frozen=True)
@@ -93,11 +97,11 @@ class RunConfig(RunDesign):
             empty runs all.
         cases: case ids (battery cases, end-to-end target names) to run; empty runs all.
         max_steps: cap on the CI plan's verification steps per case and row type, and on the
-            sequences generated per end-to-end target (before ``budget``).
+            sequences generated per end-to-end target (before ``step_multiplier``).
         steps: when set, every case uses exactly this many steps (every end-to-end target this
-            many sequences: replays), overriding the plan and the budget.
-        budget: multiplier of the CI plan's steps (1 for an audit; 10 to 100 on a GPU night,
-            below 1 for smoke runs).
+            many sequences: replays), overriding the plan and the step multiplier.
+        step_multiplier: multiple of the CI plan's steps the run draws (``--budget``; 1 for an
+            audit, 10 to 100 on a GPU night, below 1 for smoke runs).
         chunk_steps: most steps per chain chunk; None samples every case in one chunk (the
             audit). Chunks are what shards split; they never change a check's statistics.
         timeout_s: seconds one call of a target may take; a longer call is an ERROR for its
@@ -118,7 +122,7 @@ class RunConfig(RunDesign):
             every planned step (the fixed design).
         time_budget_s: seconds the run may sample for (``--time-budget``): a warm-up measures
             every target's throughput and the design TV is raised until the plan fits
-            (:mod:`losslessness.engine.budget`); sampling stops at the budget. None: no
+            (:mod:`losslessness.engine.time_budget`); sampling stops at the budget. None: no
             budget.
 
     Raises:
@@ -129,7 +133,7 @@ class RunConfig(RunDesign):
     cases: tuple[str, ...] = ()
     max_steps: int = 200_000
     steps: int | None = None
-    budget: float = 1.0
+    step_multiplier: float = 1.0
     chunk_steps: int | None = None
     timeout_s: float = DEFAULT_TIMEOUT_S
     targets: tuple[str, ...] = ()
@@ -158,8 +162,10 @@ class RunConfig(RunDesign):
             raise ValueError(f"max_steps: must be >= 1, got {self.max_steps}")
         if self.steps is not None and self.steps < 1:
             raise ValueError(f"steps: must be >= 1, got {self.steps}")
-        if not (math.isfinite(self.budget) and self.budget > 0):
-            raise ValueError(f"budget: must be a positive number, got {self.budget}")
+        if not (math.isfinite(self.step_multiplier) and self.step_multiplier > 0):
+            raise ValueError(
+                f"step_multiplier: must be a positive number, got {self.step_multiplier}"
+            )
         if self.chunk_steps is not None and self.chunk_steps < 1:
             raise ValueError(f"chunk_steps: must be >= 1, got {self.chunk_steps}")
         if not self.timeout_s > 0:
@@ -181,13 +187,16 @@ class RunConfig(RunDesign):
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> RunConfig:
-        """The config of a JSON record's ``config`` object (arrays back to tuples).
+        """The config of a JSON record's ``config`` object (arrays back to tuples; fields under
+        an old name of :data:`RENAMED_FIELDS` read as the new one, so earlier nights' records
+        still load).
 
         Raises:
             TypeError: unknown or missing fields. ValueError: values out of range.
         """
         values: dict[str, Any] = {
-            key: tuple(value) if isinstance(value, list) else value for key, value in data.items()
+            RENAMED_FIELDS.get(key, key): tuple(value) if isinstance(value, list) else value
+            for key, value in data.items()
         }
         return cls(**values)
 
@@ -206,7 +215,7 @@ class RunConfig(RunDesign):
         defaults = DEVICE_DEFAULTS[device]
         values: dict[str, Any] = {
             "device": device,
-            "budget": defaults.budget,
+            "step_multiplier": defaults.step_multiplier,
             "chunk_steps": CHUNK_STEPS,
             "device_checks": True,
             "suite": True,
