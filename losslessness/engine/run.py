@@ -97,6 +97,7 @@ from losslessness.results import (
     run_environment,
     target_verdict,
 )
+from losslessness.stats import SUITE_FAMILY_WISE_ALPHA
 
 INCOMPLETE = "incomplete"
 """``UnitRecord.failure_kind`` of a unit the run did not finish (interrupted)."""
@@ -1129,9 +1130,7 @@ def _device_results(units: Sequence[UnitRecord], config: RunConfig) -> list[Targ
 
 
 def _suite_alpha() -> float:
-    from losslessness.engine.suite import suite_family_wise_alpha
-
-    return suite_family_wise_alpha()
+    return SUITE_FAMILY_WISE_ALPHA
 
 
 def _run_environment(merged: MergedShards) -> dict[str, str]:

@@ -6,7 +6,7 @@ collects the suite's modules) in its own working directory, with pytest-xdist (`
 when it is installed. Each junit test case becomes one :class:`CheckResult` (check id
 ``suite``): a failure is LOSSY (the suite fails only on a violated losslessness property), an
 error is ERROR, a skip is SKIPPED. The suite's false-alarm rate is its own
-(:data:`losslessness.suite.SUITE_FAMILY_WISE_ALPHA` per run), recorded as each result's alpha.
+(:data:`losslessness.stats.SUITE_FAMILY_WISE_ALPHA` per run), recorded as each result's alpha.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from pathlib import Path
 from losslessness.adapters import Adapter
 from losslessness.checks.ids import SUITE_CHECK_ID
 from losslessness.results import CheckKind, CheckResult, Verdict
+from losslessness.stats import SUITE_FAMILY_WISE_ALPHA
 
 SUITE_TESTS = 2
 """Test functions in the suite (one per module of :data:`losslessness.pytest_plugin.SUITE_MODULES`):
@@ -90,18 +91,10 @@ def suite_unavailable_reason() -> str | None:
     )
 
 
-def suite_family_wise_alpha() -> float:
-    """:data:`losslessness.suite.SUITE_FAMILY_WISE_ALPHA`, imported on use: the suite package
-    imports Hypothesis strategies, which the CLI should not load for other commands."""
-    from losslessness.suite import SUITE_FAMILY_WISE_ALPHA
-
-    return SUITE_FAMILY_WISE_ALPHA
-
-
 def _suite_result(
     target: str, name: str, verdict: Verdict, seconds: float, message: str, profile: str
 ) -> CheckResult:
-    alpha = suite_family_wise_alpha()
+    alpha = SUITE_FAMILY_WISE_ALPHA
     return CheckResult(
         check_id=SUITE_CHECK_ID,
         target=target,

@@ -8,7 +8,11 @@ arrays, outputs Python floats and ints.
 """
 
 from losslessness.stats.binomial import BinomialTestResult, acceptance_rate_test
-from losslessness.stats.error_budget import DEFAULT_FAMILY_WISE_ALPHA, ErrorBudget
+from losslessness.stats.error_budget import (
+    DEFAULT_FAMILY_WISE_ALPHA,
+    SUITE_FAMILY_WISE_ALPHA,
+    ErrorBudget,
+)
 from losslessness.stats.identity import (
     EXPECTED_COUNT_FLOOR,
     IdentityTestResult,
@@ -38,6 +42,7 @@ from losslessness.stats.two_sample import (
 __all__ = [
     "DEFAULT_FAMILY_WISE_ALPHA",
     "EXPECTED_COUNT_FLOOR",
+    "SUITE_FAMILY_WISE_ALPHA",
     "BinomialTestResult",
     "ErrorBudget",
     "IdentityPlan",

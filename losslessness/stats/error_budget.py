@@ -17,10 +17,14 @@ from dataclasses import dataclass
 
 from losslessness.stats.validation import check_nonnegative_int, check_open_unit_interval
 
-__all__ = ["DEFAULT_FAMILY_WISE_ALPHA", "ErrorBudget"]
+__all__ = ["DEFAULT_FAMILY_WISE_ALPHA", "SUITE_FAMILY_WISE_ALPHA", "ErrorBudget"]
 
 DEFAULT_FAMILY_WISE_ALPHA = 1e-3
 """Default probability that a run on a correct implementation reports any false alarm."""
+
+SUITE_FAMILY_WISE_ALPHA = 1e-3
+"""Probability that a correct verifier fails any statistical assertion of one property-suite
+run (:mod:`losslessness.suite`); a night's bound adds it once per suite run."""
 
 
 @dataclass(frozen=True)

@@ -20,9 +20,7 @@ from losslessness.engine.draw import sample_chain
 from losslessness.reference.block import declared_verification
 from losslessness.results import CheckContext, CheckResult, Verdict
 from losslessness.seeding import derive_seed
-
-SUITE_FAMILY_WISE_ALPHA = 1e-3
-"""Probability that a correct verifier fails any statistical assertion of one suite run."""
+from losslessness.stats import SUITE_FAMILY_WISE_ALPHA
 
 MAX_VOCAB = 300
 """Largest V of a generated chain case: large enough for the residual to spread over far more
