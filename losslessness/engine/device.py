@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from losslessness.adapters import AdapterNotFound, AdapterUnavailable, resolve_adapter
+from losslessness.batteries import default_chain_battery
 from losslessness.cases import ChainCase
 from losslessness.checks.assertions import case_laws, law_is_statistical
 from losslessness.checks.coupling import (
@@ -43,7 +44,6 @@ from losslessness.checks.coupling import (
     check_sampled_laws,
 )
 from losslessness.checks.precision import cast_probabilities, check_precision
-from losslessness.engine.battery import default_chain_battery
 from losslessness.engine.draw import ProtocolViolation, coerce_output, rows_per_call, sample_chain
 from losslessness.protocol import ChainVerifier
 from losslessness.reference import ChainUniforms, sample_inverse_cdf

@@ -46,6 +46,13 @@ from losslessness.adapters import (
     registered_adapters,
     resolve_adapter,
 )
+from losslessness.batteries import (
+    TREE_CI_MAX_STEPS,
+    default_chain_battery,
+    default_greedy_battery,
+    default_greedy_tree_battery,
+    default_tree_battery,
+)
 from losslessness.cases import ChainCase, GreedyCase, GreedyTreeCase, TreeCase
 from losslessness.checks import STATISTICAL_CHAIN_CHECK_IDS, count_statistical_assertions
 from losslessness.checks.assertions import case_laws, law_is_statistical
@@ -63,14 +70,8 @@ from losslessness.checks.ids import (
 )
 from losslessness.checks.tree import tree_assertions, tree_steps
 from losslessness.design import RunConfig
-from losslessness.engine.battery import default_chain_battery, default_greedy_battery
 from losslessness.engine.draw import rows_per_call
 from losslessness.engine.end_to_end import EndToEndPlan, plan_end_to_end
-from losslessness.engine.tree_battery import (
-    TREE_CI_MAX_STEPS,
-    default_greedy_tree_battery,
-    default_tree_battery,
-)
 from losslessness.reference.block import declared_verification
 from losslessness.seeding import derive_seed
 from losslessness.stats import ErrorBudget, plan_identity_test
