@@ -70,7 +70,7 @@ def probs_tensor(rows: list[np.ndarray] | np.ndarray) -> torch.Tensor:
     Returns:
         ``[R, V]`` float64 tensor, each row divided by its sum.
     """
-    return torch.from_numpy(normalise(np.stack(rows).astype(np.float64)))
+    return torch.from_numpy(normalise(np.array(rows, dtype=np.float64)))
 
 
 def markov_tables(
