@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 from detection_rates import METHODS, verdict
 
-from losslessness.adapters.mutants import MUTANTS
 from losslessness.cases import ChainCase
 from losslessness.engine.draw import sample_chain
 from losslessness.samples import ChainSamples
+from losslessness.zoo import MUTANTS
 
 STEPS = 10_000
 SEED = 4

@@ -18,10 +18,10 @@ import time
 from pathlib import Path
 
 from losslessness.adapters import resolve_adapter
-from losslessness.adapters.mutants import MUTANTS
 from losslessness.config import RunConfig
 from losslessness.engine import run_audit
 from losslessness.results import TargetVerdict
+from losslessness.zoo import MUTANTS
 
 
 def time_to_verdict(name: str, early_stop: bool) -> tuple[float, str, int, str | None]:

@@ -1,8 +1,8 @@
 """Power of the run-level uniformity check against the mutant zoo, and its false alarms on the
 controls (issue 13, item 5).
 
-Audits every chain-protocol entry of :data:`losslessness.adapters.mutants.MUTANTS` and of
-:data:`~losslessness.adapters.mutants.PRECISION_MUTANTS` (greedy and tree entries have no
+Audits every chain-protocol entry of :data:`losslessness.zoo.MUTANTS` and of
+:data:`~losslessness.zoo.PRECISION_MUTANTS` (greedy and tree entries have no
 ``law`` p-values: the check is SKIPPED for them; ``--all`` audits them too) with the default
 design
 (``run_audit``, ``RunConfig(seed=s)``), then applies
@@ -32,12 +32,12 @@ from __future__ import annotations
 import argparse
 import time
 
-from losslessness.adapters.mutants import MUTANTS, PRECISION_MUTANTS, Mutant
 from losslessness.cases import ChainCase
 from losslessness.checks.pvalues import check_pvalue_uniformity
 from losslessness.config import RunConfig
 from losslessness.engine.run import run_audit
 from losslessness.results import CheckContext, Verdict
+from losslessness.zoo import MUTANTS, PRECISION_MUTANTS, Mutant
 
 
 def audit_one(entry: Mutant, seed: int) -> dict[str, object]:

@@ -4,24 +4,24 @@ the change and the property it breaks.
 
 Run one: ``losslessness audit tests.wrong_verifiers:residual_is_target`` (exits 1).
 ``sample_and_match``, ``shared_random_stream`` and ``greedy_ties_to_highest`` are the mutant
-zoo's (:mod:`losslessness.adapters.mutants`), re-exported under their old names.
+zoo's (:mod:`losslessness.zoo.chain`), re-exported under their old names.
 """
 
 from __future__ import annotations
 
 import torch
 
-from losslessness.adapters.mutants import (
-    greedy_ties_to_highest,
-    sample_and_match,
-    shared_random_stream,
-)
 from losslessness.protocol import validate_chain_inputs
 from losslessness.reference import (
     accepted_lengths,
     emitted_tokens,
     residual_distribution,
     sample_inverse_cdf,
+)
+from losslessness.zoo.chain import (
+    greedy_ties_to_highest,
+    sample_and_match,
+    shared_random_stream,
 )
 
 __all__ = [

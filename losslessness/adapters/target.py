@@ -76,7 +76,7 @@ def resolve_adapter(name: str, *, greedy: bool = False, protocol: str = "chain")
 
     Args:
         name: a registered adapter name, ``mutant/<name>`` (a mutant of the zoo,
-            :mod:`losslessness.adapters.mutants`) or ``pkg.module:callable``; the callable may
+            :mod:`losslessness.zoo`) or ``pkg.module:callable``; the callable may
             be an :class:`Adapter` or a verifier function.
         greedy: a bare function follows the greedy protocol instead of the chain protocol.
         protocol: the protocol a bare function follows, one of :data:`PROTOCOLS`
@@ -95,8 +95,9 @@ def resolve_adapter(name: str, *, greedy: bool = False, protocol: str = "chain")
     if protocol not in PROTOCOLS:
         raise ValueError(f"protocol: must be one of {', '.join(PROTOCOLS)}, got {protocol!r}")
     if name.startswith("mutant/"):
-        # Imported here: the zoo builds its cases on first use, which plain audits never need.
-        from losslessness.adapters.mutants import mutant
+        # Imported here: the zoo wraps its verifiers in this package's Adapter, so it sits above
+        # the adapters and a module-level import would be a cycle.
+        from losslessness.zoo import mutant
 
         return mutant(name).adapter
     if ":" in name:

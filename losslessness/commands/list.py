@@ -10,9 +10,14 @@ from rich.console import Console
 from rich.table import Table
 
 from losslessness.adapters import registered_adapters
+from losslessness.batteries import (
+    default_chain_battery,
+    default_greedy_battery,
+    default_greedy_tree_battery,
+    default_tree_battery,
+)
 from losslessness.checks import ALL_CHECK_IDS
-from losslessness.engine.battery import default_chain_battery, default_greedy_battery
-from losslessness.engine.tree_battery import default_greedy_tree_battery, default_tree_battery
+from losslessness.zoo import MUTANTS
 
 ENGINE_DISTRIBUTIONS = {
     "losslessness.adapters.vllm": "vllm",
@@ -88,8 +93,6 @@ def list_command() -> None:
             greedy_tree.case_id, "greedy-tree", greedy_tree.summary, greedy_tree.case_hash
         )
     console.print(cases)
-    from losslessness.adapters.mutants import MUTANTS
-
     zoo = Table(title="Mutant zoo (audit as mutant/<name>)", title_justify="left")
     zoo.add_column("name", no_wrap=True)
     zoo.add_column("kind")

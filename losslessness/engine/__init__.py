@@ -5,7 +5,6 @@ One engine serves the audit (one shard at the CI budget), the nightly (a multipl
 budget, chunked, in shards merged exactly, with device-check and property-suite units) and the
 property suite's plugin. Modules:
 
-- :mod:`~losslessness.engine.battery`: the default cases;
 - :mod:`~losslessness.engine.plan`: the plan, its budget and its unit grid;
 - :mod:`~losslessness.engine.draw`: every call of a target (drafts drawn, time bounded);
 - :mod:`~losslessness.engine.tables`: count tables, the chain cases' sufficient statistics;

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from losslessness.adapters import AdapterNotFound, AdapterUnavailable, resolve_adapter
+from losslessness.batteries import default_chain_battery
 from losslessness.cases import ChainCase
 from losslessness.checks.assertions import case_laws, law_is_statistical
 from losslessness.checks.coupling import (
@@ -44,7 +45,6 @@ from losslessness.checks.coupling import (
 )
 from losslessness.checks.ids import COUPLING_CHECK_ID, LAW_CHECK_ID, PRECISION_CHECK_ID
 from losslessness.checks.precision import check_precision, law_after_cast
-from losslessness.engine.battery import default_chain_battery
 from losslessness.engine.draw import ProtocolViolation, coerce_output, rows_per_call, sample_chain
 from losslessness.protocol import ChainVerifier
 from losslessness.reference import ChainUniforms, sample_inverse_cdf

@@ -47,6 +47,13 @@ from losslessness.adapters import (
     registered_adapters,
     resolve_adapter,
 )
+from losslessness.batteries import (
+    TREE_CI_MAX_STEPS,
+    default_chain_battery,
+    default_greedy_battery,
+    default_greedy_tree_battery,
+    default_tree_battery,
+)
 from losslessness.cases import ChainCase, GreedyCase, GreedyTreeCase, TreeCase
 from losslessness.checks import STATISTICAL_CHAIN_CHECK_IDS, count_statistical_assertions
 from losslessness.checks.assertions import case_laws, law_is_statistical
@@ -64,14 +71,8 @@ from losslessness.checks.ids import (
 )
 from losslessness.checks.tree import tree_assertions, tree_steps
 from losslessness.config import RunConfig
-from losslessness.engine.battery import default_chain_battery, default_greedy_battery
 from losslessness.engine.draw import rows_per_call
 from losslessness.engine.end_to_end import EndToEndPlan, plan_end_to_end
-from losslessness.engine.tree_battery import (
-    TREE_CI_MAX_STEPS,
-    default_greedy_tree_battery,
-    default_tree_battery,
-)
 from losslessness.reference.block import declared_verification
 from losslessness.seeding import derive_seed
 from losslessness.stats import ErrorBudget, plan_identity_test
@@ -209,7 +210,7 @@ class TreeCasePlan:
         case_id, case_hash: the case.
         ci_steps: trees of the CI plan (step multiplier 1) at the run's alpha, capped.
         needed_steps: trees the design (tv, alpha, power) asked for, before the caps
-            (``max_steps`` and :data:`~losslessness.engine.tree_battery.TREE_CI_MAX_STEPS`).
+            (``max_steps`` and :data:`~losslessness.batteries.tree.TREE_CI_MAX_STEPS`).
         capped: a cap cut ``needed_steps`` (the results report a minimum detectable TV above
             the design TV).
         n_steps: the run's trees: ``ceil(ci_steps * step_multiplier)`` (``steps`` when the

@@ -30,6 +30,12 @@ from pathlib import Path
 from typing import Any
 
 from losslessness.adapters import Adapter, NotApplicable
+from losslessness.batteries import (
+    default_chain_battery,
+    default_greedy_battery,
+    default_greedy_tree_battery,
+    default_tree_battery,
+)
 from losslessness.cases import ChainCase
 from losslessness.checks import malformed_output_result, run_chain_checks
 from losslessness.checks.greedy import check_greedy
@@ -51,7 +57,6 @@ from losslessness.checks.sequential import (
 from losslessness.checks.tree import check_tree_greedy, run_tree_checks
 from losslessness.checks.tree_sequential import TreeMonitor
 from losslessness.config import RunConfig
-from losslessness.engine.battery import default_chain_battery, default_greedy_battery
 from losslessness.engine.draw import (
     ChainSampler,
     ProtocolViolation,
@@ -83,7 +88,6 @@ from losslessness.engine.shards import (
     merge_shards,
 )
 from losslessness.engine.tables import CountTable, chunk_table, concatenate_tables, expand_table
-from losslessness.engine.tree_battery import default_greedy_tree_battery, default_tree_battery
 from losslessness.reference.block import BLOCK_VERIFICATION
 from losslessness.results import (
     SCHEMA_VERSION,

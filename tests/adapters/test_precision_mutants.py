@@ -1,4 +1,4 @@
-"""The float16 precision mutants (losslessness.adapters.mutants.PRECISION_MUTANTS): synthetic
+"""The float16 precision mutants (losslessness.zoo.PRECISION_MUTANTS): synthetic
 lossy verifiers whose deviation (a ratio p / q computed in float16 from float16 logits) lies
 below the per-assertion reach of the law tests; the run-level uniformity check is what may
 catch them (benchmarks/uniformity_power.py)."""
@@ -9,17 +9,12 @@ import pytest
 import torch
 
 from losslessness.adapters import resolve_adapter
-from losslessness.adapters.mutants import (
-    FLOAT16_MAX_LOGIT,
-    FLOAT16_OFFSET_MAX_LOGIT,
-    MUTANTS,
-    PRECISION_MUTANTS,
-    _float16_law,
-)
 from losslessness.cases import ChainCase
 from losslessness.engine.draw import sample_chain
 from losslessness.reference import residual_distribution
 from losslessness.stats import identity_test
+from losslessness.zoo import MUTANTS, PRECISION_MUTANTS
+from losslessness.zoo.chain import FLOAT16_MAX_LOGIT, FLOAT16_OFFSET_MAX_LOGIT, _float16_law
 
 MAX_LOGITS = {
     "laws-from-float16-logits": FLOAT16_MAX_LOGIT,

@@ -12,9 +12,9 @@ import torch
 
 from losslessness.adapters import AdapterUnavailable, resolve_adapter
 from losslessness.adapters.transformers import SpeculativeSamplingVerifier
+from losslessness.batteries import default_chain_battery
 from losslessness.config import AuditConfig
 from losslessness.engine import run_audit
-from losslessness.engine.battery import default_chain_battery
 from losslessness.engine.draw import sample_chain
 from losslessness.results import TargetVerdict
 

@@ -19,15 +19,7 @@ import pytest
 import torch
 from scipy import stats
 
-from losslessness.adapters.mutants import MUTANT_PREFIX, MUTANTS
 from losslessness.adapters.target import resolve_adapter
-from losslessness.adapters.tree_mutants import (
-    TREE_PREFIX,
-    TREE_ZOO,
-    TreeMutantSpec,
-    distinct_rule_on_replacement_drafts,
-    replacement_rule_on_distinct_drafts,
-)
 from losslessness.cases import GreedyTreeCase, TreeCase
 from losslessness.checks.tree import check_tree_greedy
 from losslessness.config import AuditConfig
@@ -35,6 +27,13 @@ from losslessness.engine import run_audit
 from losslessness.protocol import InvalidInputError, TreeVerifier
 from losslessness.reference.tree import verify_tree, verify_tree_greedy
 from losslessness.results import CheckContext, TargetVerdict, Verdict
+from losslessness.zoo import MUTANT_PREFIX, MUTANTS, Mutant
+from losslessness.zoo.tree import (
+    TREE_PREFIX,
+    TREE_ZOO,
+    distinct_rule_on_replacement_drafts,
+    replacement_rule_on_distinct_drafts,
+)
 
 TREES = 6_000
 """Trees drawn per sampled case for a lossy mutant (each mechanism's effect is TV >= 0.14 on a
@@ -66,11 +65,11 @@ def _one_intra_op_thread() -> Iterator[None]:
     torch.set_num_threads(threads)
 
 
-SAMPLED = [spec for spec in TREE_ZOO if not spec.greedy]
-GREEDY = [spec for spec in TREE_ZOO if spec.greedy]
+SAMPLED = [spec for spec in TREE_ZOO if spec.protocol == "tree"]
+GREEDY = [spec for spec in TREE_ZOO if spec.protocol == "greedy-tree"]
 
 
-def _ids(spec: TreeMutantSpec) -> str:
+def _ids(spec: Mutant) -> str:
     return spec.name
 
 
@@ -143,7 +142,7 @@ def tv_from_p(counts: np.ndarray, expected: np.ndarray) -> float:
 
 @pytest.mark.parametrize("spec", [s for s in SAMPLED if s.lossy], ids=_ids)
 def test_lossy_tree_mutant_next_token_law_differs_from_p_on_its_case(
-    spec: TreeMutantSpec,
+    spec: Mutant,
 ) -> None:
     """Power on the mechanism: on its own case some class's next-token law differs from p
     (chi-square p-value below 1e-6, fixed seed) by a large effect (empirical TV >= 0.1)."""
@@ -156,7 +155,7 @@ def test_lossy_tree_mutant_next_token_law_differs_from_p_on_its_case(
 
 @pytest.mark.parametrize("spec", [s for s in SAMPLED if not s.lossy], ids=_ids)
 def test_lossless_tree_control_keeps_every_next_token_law_on_its_case(
-    spec: TreeMutantSpec,
+    spec: Mutant,
 ) -> None:
     """No false alarm: every class visited at least 200 times passes the chi-square test at the
     Bonferroni level 1e-3 / classes (fixed seed), as the reference does."""
@@ -168,7 +167,7 @@ def test_lossless_tree_control_keeps_every_next_token_law_on_its_case(
 
 
 @pytest.mark.parametrize("spec", [s for s in SAMPLED if not s.lossy], ids=_ids)
-def test_lossless_tree_control_keeps_the_law_under_every_scheme(spec: TreeMutantSpec) -> None:
+def test_lossless_tree_control_keeps_the_law_under_every_scheme(spec: Mutant) -> None:
     """Controls are lossless for every draft scheme, not only their own case's: re-declared
     under the other schemes (same tree and laws, Markov tables of the case), every tested class
     still passes at the Bonferroni level 1e-3 / classes."""
@@ -264,7 +263,7 @@ def test_scheme_rule_mismatch_is_lossy_by_exact_computation(
 # ----------------------------------------------------------------------------- greedy
 
 
-def _differing_rows(spec: TreeMutantSpec) -> float:
+def _differing_rows(spec: Mutant) -> float:
     case = spec.case
     assert isinstance(case, GreedyTreeCase)
     out = spec.verifier(case.target_logits, case.parents, case.token_ids)  # type: ignore[call-arg]
@@ -275,7 +274,7 @@ def _differing_rows(spec: TreeMutantSpec) -> float:
     return float(differ.double().mean())
 
 
-def _greedy_verdict(spec: TreeMutantSpec, case: GreedyTreeCase) -> Verdict:
+def _greedy_verdict(spec: Mutant, case: GreedyTreeCase) -> Verdict:
     out = spec.verifier(case.target_logits, case.parents, case.token_ids)  # type: ignore[call-arg]
     context = CheckContext("test", case.case_id, "", "hash", 1e-3, 0.9, 0.05, 0)
     result = check_tree_greedy(out.tokens.numpy(), out.accepted_nodes.numpy(), case, context)
@@ -284,7 +283,7 @@ def _greedy_verdict(spec: TreeMutantSpec, case: GreedyTreeCase) -> Verdict:
 
 @pytest.mark.parametrize("spec", [s for s in GREEDY if s.lossy], ids=_ids)
 def test_lossy_greedy_tree_mutant_breaks_greedy_decoding_on_its_case(
-    spec: TreeMutantSpec,
+    spec: Mutant,
 ) -> None:
     """Exact: on its own case the mutant emits a token greedy decoding would not (tree.greedy
     is LOSSY), and its output differs from the greedy tree reference on >= 10% of trees."""
@@ -294,7 +293,7 @@ def test_lossy_greedy_tree_mutant_breaks_greedy_decoding_on_its_case(
 
 @pytest.mark.parametrize("spec", [s for s in GREEDY if not s.lossy], ids=_ids)
 def test_greedy_tree_control_follows_greedy_decoding_on_every_greedy_case(
-    spec: TreeMutantSpec,
+    spec: Mutant,
 ) -> None:
     """Exact: on every greedy case of the zoo (its own and the lossy mutants') the control's
     tokens are greedy decoding's: tree.greedy is PASS or, for a walk that stops early,
@@ -309,7 +308,7 @@ def test_greedy_tree_control_follows_greedy_decoding_on_every_greedy_case(
 
 
 @pytest.mark.parametrize("spec", TREE_ZOO, ids=_ids)
-def test_tree_mutant_resolves_as_mutant_tree_name_with_its_protocol(spec: TreeMutantSpec) -> None:
+def test_tree_mutant_resolves_as_mutant_tree_name_with_its_protocol(spec: Mutant) -> None:
     """``resolve_adapter("mutant/tree-<name>")`` gives the zoo's adapter, whose ``tree`` (or
     ``greedy_tree``) is the mutant and whose other protocols are unset; the entry keeps the
     spec's lossiness, source and case."""
@@ -317,8 +316,9 @@ def test_tree_mutant_resolves_as_mutant_tree_name_with_its_protocol(spec: TreeMu
     adapter = resolve_adapter(MUTANT_PREFIX + spec.name)
     entry = MUTANTS[spec.name]
     assert adapter is entry.adapter and adapter.name == MUTANT_PREFIX + spec.name
-    assert (adapter.greedy_tree if spec.greedy else adapter.tree) is spec.verifier
-    assert (adapter.tree if spec.greedy else adapter.greedy_tree) is None
+    greedy = spec.protocol == "greedy-tree"
+    assert (adapter.greedy_tree if greedy else adapter.tree) is spec.verifier
+    assert (adapter.tree if greedy else adapter.greedy_tree) is None
     assert adapter.chain is None and adapter.greedy is None
     assert (entry.lossy, entry.source, entry.case) == (spec.lossy, spec.source, spec.case)
     assert spec.source in (spec.verifier.__doc__ or "")
@@ -337,7 +337,7 @@ def test_tree_zoo_covers_every_scheme_with_a_control_and_lists_lossy_first() -> 
 
 @pytest.mark.parametrize("spec", SAMPLED, ids=_ids)
 def test_tree_mutant_validates_inputs_and_is_deterministic_given_the_generator(
-    spec: TreeMutantSpec,
+    spec: Mutant,
 ) -> None:
     """Bad input raises :class:`InvalidInputError` like the reference (a parent index that is
     not an earlier node); the same generator seed gives the same output."""
@@ -363,7 +363,7 @@ def test_tree_mutant_validates_inputs_and_is_deterministic_given_the_generator(
 
 
 @pytest.mark.parametrize("spec", [s for s in TREE_ZOO if s.lossy], ids=_ids)
-def test_default_audit_catches_lossy_tree_mutant_with_exit_1(spec: TreeMutantSpec) -> None:
+def test_default_audit_catches_lossy_tree_mutant_with_exit_1(spec: Mutant) -> None:
     """Power on the tree zoo: the default audit (default config, tree battery, seed 0) finds
     every lossy tree mutant LOSSY, so ``losslessness audit mutant/<name>`` exits 1."""
     result = run_audit([MUTANTS[spec.name].adapter], AuditConfig())
@@ -373,7 +373,7 @@ def test_default_audit_catches_lossy_tree_mutant_with_exit_1(spec: TreeMutantSpe
 
 
 @pytest.mark.parametrize("spec", [s for s in TREE_ZOO if not s.lossy], ids=_ids)
-def test_default_audit_passes_tree_control_with_exit_0(spec: TreeMutantSpec) -> None:
+def test_default_audit_passes_tree_control_with_exit_0(spec: Mutant) -> None:
     """No false alarm on the lossless tree controls: every one exits 0 under the default audit
     (LOSSLESS, or SUBOPTIMAL where it accepts fewer drafts than the declared scheme's exact
     rate: reversed siblings, sample-and-match, the one-coin rule, the first-child-only walk)."""

@@ -26,10 +26,10 @@ from benchmarks.tree_peers import (
     sglang_greedy_structural,
     sglang_structural,
 )
-from losslessness.adapters.mutants import MUTANTS
-from losslessness.adapters.tree_mutants import final_from_root_row, greedy_final_from_parent
 from losslessness.protocol import DRAFT_SCHEMES
 from losslessness.reference.tree import verify_tree, verify_tree_greedy
+from losslessness.zoo import MUTANTS
+from losslessness.zoo.tree import final_from_root_row, greedy_final_from_parent
 
 LOSSY = "tree-final-from-root-row"
 CONTROL = "tree-siblings-reversed"

@@ -16,10 +16,10 @@ import pytest
 from scipy import stats
 
 from losslessness.adapters import resolve_adapter
+from losslessness.batteries import default_chain_battery
 from losslessness.checks import check_acceptance, check_conditional_laws
 from losslessness.config import AuditConfig
 from losslessness.engine import run_audit
-from losslessness.engine.battery import default_chain_battery
 from losslessness.engine.draw import sample_chain
 from losslessness.reference import verify
 from losslessness.results import CheckContext, CheckKind, CheckResult, Verdict

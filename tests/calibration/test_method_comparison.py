@@ -34,10 +34,10 @@ from benchmarks.detection_rates import (
     sample_entry,
     verdict,
 )
-from losslessness.adapters.mutants import MUTANTS, Mutant
 from losslessness.cases import ChainCase
 from losslessness.seeding import derive_seed
 from losslessness.stats import DEFAULT_FAMILY_WISE_ALPHA
+from losslessness.zoo import MUTANTS, Mutant
 
 STEPS = 10_000
 """Verification steps per verdict: every method has a verdict there (vLLM's histogram test

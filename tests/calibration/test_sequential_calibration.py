@@ -36,9 +36,9 @@ import pytest
 import torch
 from scipy import stats
 
+from losslessness.batteries import default_chain_battery
 from losslessness.cases import ChainCase
 from losslessness.checks.sequential import ChainMonitor
-from losslessness.engine.battery import default_chain_battery
 from losslessness.engine.draw import call_schedule
 from losslessness.reference.chain import verify
 from losslessness.results import CheckContext

@@ -28,6 +28,7 @@ import pytest
 import torch
 from scipy import stats
 
+from losslessness.batteries import default_tree_battery
 from losslessness.checks.ids import (
     TREE_ACCEPTANCE_CHECK_ID,
     TREE_INDEPENDENCE_CHECK_ID,
@@ -35,7 +36,6 @@ from losslessness.checks.ids import (
 )
 from losslessness.checks.tree import run_tree_checks
 from losslessness.engine.draw import sample_tree
-from losslessness.engine.tree_battery import default_tree_battery
 from losslessness.reference.tree import verify_tree
 from losslessness.results import CheckContext, CheckKind, Verdict
 

@@ -22,6 +22,7 @@ import torch
 
 import losslessness.checks.coupling as coupling_checks
 from losslessness.adapters import Adapter, AdapterNotFound, AdapterUnavailable
+from losslessness.batteries import default_chain_battery
 from losslessness.checks.coupling import (
     CoupledSamples,
     check_coupled_samples,
@@ -29,7 +30,6 @@ from losslessness.checks.coupling import (
 )
 from losslessness.checks.precision import decision_tolerance
 from losslessness.engine import device as device_unit
-from losslessness.engine.battery import default_chain_battery
 from losslessness.engine.device import (
     GPU_ADAPTERS,
     accepts_uniforms,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from losslessness.batteries import default_chain_battery
 from losslessness.checks.precision import (
     check_precision,
     decision_tolerance,
@@ -14,7 +15,6 @@ from losslessness.checks.precision import (
     summation_error_bound,
     unit_roundoff,
 )
-from losslessness.engine.battery import default_chain_battery
 from losslessness.results import CheckContext, CheckKind, Verdict
 
 CASES = {case.case_id: case for case in default_chain_battery()}

@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 
+from losslessness.batteries import default_chain_battery, default_tree_battery
 from losslessness.checks import run_chain_checks
 from losslessness.checks.sequential import (
     ChainMonitor,
@@ -16,9 +17,7 @@ from losslessness.checks.sequential import (
     merged_evidence,
 )
 from losslessness.checks.tree_sequential import TreeMonitor
-from losslessness.engine.battery import default_chain_battery
 from losslessness.engine.draw import ChainSampler, sample_tree
-from losslessness.engine.tree_battery import default_tree_battery
 from losslessness.reference import verify
 from losslessness.reference.tree import verify_tree
 from losslessness.results import CheckContext, Verdict
@@ -117,7 +116,7 @@ def test_tree_monitor_stops_a_wrong_tree_verifier_and_not_the_reference() -> Non
     assert good.decision is None and samples.n_steps == 4096
     assert any(key[0] == "tree.law" for key in good.evidence())
 
-    from losslessness.adapters.tree_mutants import TREE_ZOO
+    from losslessness.zoo.tree import TREE_ZOO
 
     wrong = next(spec for spec in TREE_ZOO if spec.name == "tree-final-from-root-row")
     bad = TreeMonitor(case, 8192, 1e-6, context)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from losslessness.adapters import tree_mutants
+from losslessness.batteries import default_greedy_tree_battery, default_tree_battery
 from losslessness.cases import TreeCase
 from losslessness.checks import tree as tree_checks
 from losslessness.checks.tree import (
@@ -19,12 +19,12 @@ from losslessness.checks.tree import (
     tree_assertions,
 )
 from losslessness.engine.draw import sample_tree
-from losslessness.engine.tree_battery import default_greedy_tree_battery, default_tree_battery
 from losslessness.protocol import PLACEHOLDER, TreeOutput
 from losslessness.reference import tree_laws as tree_laws_module
 from losslessness.reference.tree import _verify_tree_validated, verify_tree, verify_tree_greedy
 from losslessness.reference.tree_laws import TreeLaws
 from losslessness.results import CheckContext, CheckResult, Verdict
+from losslessness.zoo import tree as tree_zoo
 
 ALPHA = 1e-3
 
@@ -255,10 +255,10 @@ def test_greedy_passes_any_duplicate_choice_flags_early_stops_and_wrong_tokens()
     cases = default_greedy_tree_battery()
     expected = {
         verify_tree_greedy: Verdict.PASS,
-        tree_mutants.greedy_highest_index_match: Verdict.PASS,
-        tree_mutants.greedy_first_child_only: Verdict.SUBOPTIMAL,
-        tree_mutants.greedy_final_from_parent: Verdict.LOSSY,
-        tree_mutants.greedy_first_matching_path: Verdict.LOSSY,
+        tree_zoo.greedy_highest_index_match: Verdict.PASS,
+        tree_zoo.greedy_first_child_only: Verdict.SUBOPTIMAL,
+        tree_zoo.greedy_final_from_parent: Verdict.LOSSY,
+        tree_zoo.greedy_first_matching_path: Verdict.LOSSY,
     }
     for verifier, verdict in expected.items():
         verdicts = set()

@@ -17,14 +17,13 @@ from click.testing import CliRunner
 from losslessness.adapters import Adapter, EndToEndTarget
 from losslessness.adapters.reference import adapter as reference_adapter
 from losslessness.adapters.toy import MUTANT_TEMPERATURE, adapter, mutant_adapter, toy_models
+from losslessness.batteries import default_chain_battery, default_tree_battery
 from losslessness.checks import count_statistical_assertions
 from losslessness.checks.tree import tree_assertions
 from losslessness.cli import main
 from losslessness.config import AuditConfig
 from losslessness.engine import plan_run, run_audit
-from losslessness.engine.battery import default_chain_battery
 from losslessness.engine.draw import rows_per_call
-from losslessness.engine.tree_battery import default_tree_battery
 from losslessness.reference.decoding import SpeculativeDecoder
 from losslessness.reference.proposers import DraftModelProposer, Proposal, one_hot_rows
 from losslessness.reference.toy import MarkovLM

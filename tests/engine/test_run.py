@@ -16,16 +16,16 @@ import torch
 from click.testing import CliRunner
 
 from losslessness.adapters import Adapter, resolve_adapter
-from losslessness.adapters.mutants import MUTANTS
+from losslessness.batteries import default_chain_battery
 from losslessness.checks import count_statistical_assertions
 from losslessness.cli import main
 from losslessness.config import RunConfig
 from losslessness.engine import ShardSpec, finish_run, plan_run, run_audit, run_shard
-from losslessness.engine.battery import default_chain_battery
 from losslessness.engine.draw import rows_per_call
 from losslessness.protocol import ChainVerifier
 from losslessness.reference import verify
 from losslessness.results import CheckKind, TargetVerdict, Verdict
+from losslessness.zoo import MUTANTS
 from tests.wrong_verifiers import residual_is_target
 
 # p-values of ``losslessness audit reference --case C --steps 7001 --no-early-stop`` (seed 0),

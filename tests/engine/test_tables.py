@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from losslessness.engine.battery import default_chain_battery
+from losslessness.batteries import default_chain_battery
 from losslessness.engine.tables import (
     CountTable,
     chunk_table,

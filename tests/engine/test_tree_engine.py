@@ -12,17 +12,17 @@ import torch
 from click.testing import CliRunner
 
 from losslessness.adapters import resolve_adapter
+from losslessness.batteries import (
+    TREE_CI_MAX_STEPS,
+    default_greedy_tree_battery,
+    default_tree_battery,
+)
 from losslessness.checks.tree import tree_assertions, tree_steps
 from losslessness.cli import main
 from losslessness.config import RunConfig
 from losslessness.engine.plan import MIN_STEPS, PlanRecord, plan_run
 from losslessness.engine.run import finish_run, run_shard
 from losslessness.engine.shards import ShardSpec, load_shard, save_shard
-from losslessness.engine.tree_battery import (
-    TREE_CI_MAX_STEPS,
-    default_greedy_tree_battery,
-    default_tree_battery,
-)
 from losslessness.results import TargetVerdict
 from tests.checks.test_tree import _highest_index_greedy, _star_iid_verifier
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from losslessness.adapters import AdapterUnavailable
-from losslessness.engine.battery import default_chain_battery
+from losslessness.batteries import default_chain_battery
 from losslessness.engine.device import (
     GPU_ADAPTERS,
     accepts_uniforms,

@@ -23,7 +23,6 @@ import numpy as np
 import pytest
 import torch
 
-from losslessness.adapters.mutants import block_verification_wrong_residual
 from losslessness.cases import ChainCase
 from losslessness.checks import check_acceptance
 from losslessness.engine.draw import sample_chain
@@ -44,6 +43,7 @@ from losslessness.results import CheckContext, Verdict
 from losslessness.samples import ChainSamples
 from losslessness.stats import acceptance_rate_test, identity_test
 from losslessness.stats.binomial import rate_bound_minimum_detectable_shift, rate_bound_test
+from losslessness.zoo.chain import block_verification_wrong_residual
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -317,6 +317,6 @@ def test_property_suite_fails_block_verification_with_wrong_residual(tmp_path: P
     """The suite fails the wrong-residual mutant with a LOSSY law (ci profile). It needs V >= 3,
     k >= 2 and a prefix weight below 1 to show: the chain witness example has them (5 s);
     without it the ci profile's generated cases missed the mutant."""
-    result = _run_suite("losslessness.adapters.mutants:block_verification_wrong_residual", tmp_path)
+    result = _run_suite("losslessness.zoo.chain:block_verification_wrong_residual", tmp_path)
     assert result.returncode == 1, result.stdout + result.stderr
     assert "LOSSY law at position" in result.stdout

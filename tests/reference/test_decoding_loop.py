@@ -10,7 +10,6 @@ from collections import defaultdict
 import pytest
 import torch
 
-from losslessness.adapters.mutants import sample_and_match
 from losslessness.reference.decoding import (
     DecodingCounters,
     SpeculativeDecoder,
@@ -28,6 +27,7 @@ from losslessness.reference.proposers import (
 from losslessness.reference.toy import MarkovLM
 from losslessness.stats import acceptance_rate_test
 from losslessness.theory import alpha_from_mean_accepted_length, expected_tokens_per_verify
+from losslessness.zoo.chain import sample_and_match
 
 SEED = 3
 """Seed of the models and of every generate call here (sequence j uses SEED + j)."""

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import losslessness.reference.chain as chain
-from losslessness.engine.battery import default_chain_battery
+from losslessness.batteries import default_chain_battery
 from losslessness.engine.draw import sample_chain
 from losslessness.protocol import InvalidInputError
 from losslessness.reference import (

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from losslessness.adapters.mutants import MUTANTS
 from losslessness.suite import SMALL_VOCAB
+from losslessness.zoo import MUTANTS
 
 ROOT = Path(__file__).resolve().parents[2]
 

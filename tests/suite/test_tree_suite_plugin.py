@@ -1,6 +1,6 @@
 """The tree property suite run as a user runs it (a pytest subprocess): the reference tree
-verifiers pass; every lossy tree mutant of the zoo (:data:`losslessness.adapters.tree_mutants.
-TREE_ZOO`) fails it with the check, a small shrunk tree and a one-line replay command; shown in
+verifiers pass; every lossy tree mutant of the zoo (:data:`losslessness.zoo.tree.TREE_ZOO`)
+fails it with the check, a small shrunk tree and a one-line replay command; shown in
 detail for a tree verifier that judges siblings against p instead of the running residual, and
 a greedy one taking its final token from the parent."""
 
@@ -14,11 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from losslessness.adapters.tree_mutants import TREE_ZOO, TreeMutantSpec
 from losslessness.suite.tree_support import TREE_SMALL_VOCAB
+from losslessness.zoo import Mutant
+from losslessness.zoo.tree import TREE_ZOO
 
 ROOT = Path(__file__).resolve().parents[2]
-MUTANTS_MODULE = "losslessness.adapters.tree_mutants"
+MUTANTS_MODULE = "losslessness.zoo.tree"
 WRONG_TREE = f"{MUTANTS_MODULE}:iid_siblings_against_p"
 WRONG_GREEDY_TREE = f"{MUTANTS_MODULE}:greedy_final_from_parent"
 LOSSY_TREE_MUTANTS = [
@@ -120,8 +121,9 @@ def test_suite_fails_on_every_lossy_tree_mutant_with_a_shrunk_tree_and_a_replay_
     LOSSY tree check, the shrunk tree's parents and a replay line naming it (5-10 s each,
     about 50 s for the greedy one, whose failure Hypothesis shrinks; 117 s for all eleven
     on one core)."""
-    assert isinstance(spec, TreeMutantSpec)
-    option = "--losslessness-tree-greedy" if spec.greedy else "--losslessness-tree"
+    assert isinstance(spec, Mutant)
+    greedy = spec.protocol == "greedy-tree"
+    option = "--losslessness-tree-greedy" if greedy else "--losslessness-tree"
     target = f"{MUTANTS_MODULE}:{spec.verifier.__name__}"  # type: ignore[union-attr]
     result = run_suite("--losslessness-profile=ci", f"{option}={target}", cwd=tmp_path)
     output = result.stdout + result.stderr
@@ -144,8 +146,9 @@ def test_suite_passes_every_lossless_tree_control(spec: object, tmp_path: Path) 
     SGLang's one-coin rule at thresholds 1, greedy walks that follow another duplicate or
     stop early) passes the suite (ci profile, explicit witnesses included): calling a correct
     algorithm LOSSY would be as wrong as missing a bug (about 2 s each)."""
-    assert isinstance(spec, TreeMutantSpec)
-    option = "--losslessness-tree-greedy" if spec.greedy else "--losslessness-tree"
+    assert isinstance(spec, Mutant)
+    greedy = spec.protocol == "greedy-tree"
+    option = "--losslessness-tree-greedy" if greedy else "--losslessness-tree"
     target = f"{MUTANTS_MODULE}:{spec.verifier.__name__}"  # type: ignore[union-attr]
     result = run_suite("--losslessness-profile=ci", f"{option}={target}", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr

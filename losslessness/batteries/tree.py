@@ -19,6 +19,7 @@ import functools
 import numpy as np
 import torch
 
+from losslessness.batteries.builders import batched_parents, markov_tables, tree_depth
 from losslessness.cases import GreedyTreeCase, TreeCase
 from losslessness.protocol import DRAFT_SCHEMES
 
@@ -44,37 +45,6 @@ MEDUSA_LIKE = (0, 0, 0, 1, 1, 2, 2, 4)
 head 2 under its two best, top-1 of head 3 under the best)."""
 
 
-def _normalise(array: np.ndarray) -> np.ndarray:
-    out: np.ndarray = array / array.sum(axis=-1, keepdims=True)
-    return out
-
-
-def _markov(
-    rng: np.random.Generator, vocab: int, depth: int, closeness: float, zeros: int = 0
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A root p and q and Markov tables ``[depth, V, V]``: p Dirichlet(1), q a mixture of p
-    and an independent Dirichlet with weight ``1 - closeness``; ``zeros`` cells of every p row
-    set to 0 (q keeps them positive)."""
-    shape = (depth + 1, vocab, vocab)
-    p = rng.dirichlet(np.ones(vocab), size=shape[:2])
-    other = rng.dirichlet(np.ones(vocab), size=shape[:2])
-    q = _normalise(closeness * p + (1 - closeness) * other)
-    if zeros:
-        for index in np.ndindex(*shape[:2]):
-            p[index][rng.choice(vocab, size=zeros, replace=False)] = 0.0
-        p = _normalise(p)
-    as_tensor = torch.from_numpy
-    return (as_tensor(p[0, 0]).clone(), as_tensor(q[0, 0]).clone(),
-            as_tensor(p[1:]).clone(), as_tensor(q[1:]).clone())
-
-
-def _depth(parents: tuple[int, ...]) -> int:
-    depths = [0]
-    for parent in parents:
-        depths.append(depths[parent] + 1)
-    return max(depths)
-
-
 def _tree_case(
     rng: np.random.Generator,
     case_id: str,
@@ -86,7 +56,7 @@ def _tree_case(
     zeros: int = 0,
     tags: frozenset[str] = frozenset(),
 ) -> TreeCase:
-    root_p, root_q, target, draft = _markov(rng, vocab, _depth(parents), closeness, zeros)
+    root_p, root_q, target, draft = markov_tables(rng, vocab, tree_depth(parents), closeness, zeros)
     extra = f", {zeros} zero-mass tokens per p row" if zeros else ""
     summary = f"{shape_name} N={len(parents)} V={vocab} {scheme}{extra}"
     return TreeCase(
@@ -162,7 +132,7 @@ def _greedy_tree_case(
         case_id,
         summary,
         torch.from_numpy(logits),
-        torch.tensor(parents, dtype=torch.int64).expand(batch, -1).contiguous(),
+        batched_parents(parents, batch),
         torch.from_numpy(tokens),
         tags,
     )

@@ -1,4 +1,4 @@
-"""The mutant zoo for trees: tree verifiers with one mechanism of a real implementation put back.
+"""The tree mutants of the zoo: tree verifiers with one mechanism of a real implementation put back.
 
 Each lossy mutant is the reference tree verifier (:mod:`losslessness.reference.tree`) with one
 mechanism changed: a sibling tested against the wrong law, the rule of one draft scheme applied
@@ -16,12 +16,13 @@ Every verifier here follows :class:`~losslessness.protocol.TreeVerifier` (or
 :class:`~losslessness.protocol.InvalidInputError`), works in float64 on CPU, is vectorised over
 the batch (the loops run over depth, sibling slot or node index only) and draws all its
 randomness from the ``generator`` argument. :data:`TREE_ZOO` lists them with the deterministic
-case on which each mechanism acts; :mod:`losslessness.adapters.mutants` adds them to the zoo as
-``mutant/tree-<name>``.
+case on which each mechanism acts; :mod:`losslessness.zoo.registry` joins them with the chain
+zoo as ``mutant/tree-<name>``.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,6 +30,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from losslessness.batteries.builders import (
+    batched_parents,
+    dirichlet_rows,
+    normalise,
+    tree_depth,
+)
 from losslessness.cases import GreedyTreeCase, TreeCase
 from losslessness.protocol import (
     PLACEHOLDER,
@@ -44,6 +51,8 @@ from losslessness.reference.laws import residual_distribution
 from losslessness.reference.sampling import sample_inverse_cdf
 from losslessness.reference.tree import child_table
 from losslessness.reference.tree_layouts import root_to_leaf_paths
+from losslessness.zoo.entry import Mutant
+from losslessness.zoo.steps import draw_uniforms, normalised, renormalise
 
 TREE_PREFIX = "tree-"
 """Every tree mutant's name starts with this (``mutant/tree-<name>``)."""
@@ -84,19 +93,7 @@ VLLM_SAMPLER_SOURCE = (
 )
 
 
-# ----------------------------------------------------------------------------- shared steps
-
-
-def _renormalise(probs: torch.Tensor) -> torch.Tensor:
-    """Rows divided by their sums; an all-zero row stays zero."""
-    total = probs.sum(dim=-1, keepdim=True)
-    return probs / torch.where(total > 0, total, 1.0)
-
-
-def _uniforms(generator: torch.Generator, *shape: int) -> torch.Tensor:
-    """float64 uniforms in [0, 1) drawn on the generator's device, returned on CPU."""
-    return torch.rand(shape, generator=generator, dtype=torch.float64,
-                      device=generator.device).cpu()
+# ------------------------------------------------------------------------------- tree steps
 
 
 def _prepare(
@@ -110,22 +107,9 @@ def _prepare(
     """Validate a tree call like the reference; return float64 p, q and int64 parents, ids on
     CPU (rows renormalised, which leaves the audit's normalised rows unchanged)."""
     validate_tree_inputs(target_probs, draft_probs, parents, token_ids, draft_scheme, generator)
-    p = _normalised(target_probs.detach().cpu().to(torch.float64))
-    q = _normalised(draft_probs.detach().cpu().to(torch.float64))
+    p = normalised(target_probs.detach().cpu())
+    q = normalised(draft_probs.detach().cpu())
     return p, q, parents.detach().cpu().long(), token_ids.detach().cpu().long()
-
-
-ROW_SUM_EXACT = 1e-12
-"""Rows whose sums are within this of 1 are already normalised to float64 rounding."""
-
-
-def _normalised(probs: torch.Tensor) -> torch.Tensor:
-    """``probs`` divided by its row sums, or ``probs`` itself when every row already sums to 1
-    within :data:`ROW_SUM_EXACT` (the audit's cases; callers never modify it)."""
-    sums = probs.sum(dim=-1, keepdim=True)
-    if probs.numel() == 0 or bool(((sums - 1.0).abs() <= ROW_SUM_EXACT).all()):
-        return probs
-    return _renormalise(probs)
 
 
 def _node_tokens(ids: torch.Tensor) -> torch.Tensor:
@@ -143,7 +127,7 @@ def _update(law: torch.Tensor, draft_law: torch.Tensor, token: torch.Tensor,
     """The running law after a rejected sibling with ``token [B, 1]``: ``norm(max(0, r - q))``
     for the sampled schemes, r with the token zeroed and renormalised for ``top-k``."""
     if scheme == "top-k":
-        zeroed = _renormalise(law.scatter(1, token, 0.0))
+        zeroed = renormalise(law.scatter(1, token, 0.0))
         return torch.where(zeroed.sum(dim=-1, keepdim=True) > 0, zeroed, law)
     return residual_distribution(law, draft_law)
 
@@ -183,9 +167,9 @@ def _walk(
     batch, nodes = ids.shape
     vocab = p.shape[-1]
     rule = options.rule_scheme or scheme
-    accept_u = _uniforms(generator, batch, nodes)
-    final_u = (_uniforms(generator, batch, vocab) if options.exponential_final
-               else _uniforms(generator, batch))
+    accept_u = draw_uniforms(generator, batch, nodes)
+    final_u = (draw_uniforms(generator, batch, vocab) if options.exponential_final
+               else draw_uniforms(generator, batch))
     depth = int(tree_depths(parents).max())
     table = child_table(parents)
     slots = list(range(table.shape[2]))
@@ -240,7 +224,7 @@ def _walk(
                                         final_law)
             if rule == "without-replacement":
                 draft_law = torch.where(
-                    reject, _renormalise(draft_law.scatter(1, token, 0.0)), draft_law
+                    reject, renormalise(draft_law.scatter(1, token, 0.0)), draft_law
                 )
             residual = torch.where(reject, updated, residual)
         if options.final_row == "current":
@@ -419,8 +403,8 @@ def _sglang_target_only(
     ``relu(p - removed)`` with one more uniform per row. ``skip_repeats``: a sibling whose token
     an earlier sibling already had is skipped (no test, nothing added)."""
     batch, nodes = ids.shape
-    coins = _uniforms(generator, batch, nodes + 1)
-    final_u = _uniforms(generator, batch)
+    coins = draw_uniforms(generator, batch, nodes + 1)
+    final_u = draw_uniforms(generator, batch)
     threshold_acc = max(threshold_acc, SGLANG_MIN_THRESHOLD_ACC)
     depth = int(tree_depths(parents).max())
     table = child_table(parents)
@@ -571,7 +555,7 @@ def medusa_typical_acceptance(
     p, _, par, ids = _prepare(target_probs, draft_probs, parents, token_ids, draft_scheme,
                               generator)
     batch, nodes = ids.shape
-    final_u = _uniforms(generator, batch)
+    final_u = draw_uniforms(generator, batch)
     entropy = -(p * torch.log(p + MEDUSA_ENTROPY_EPS)).sum(dim=-1)
     threshold = torch.minimum(torch.full_like(entropy, MEDUSA_POSTERIOR_THRESHOLD),
                               torch.exp(-entropy) * MEDUSA_POSTERIOR_ALPHA)
@@ -870,7 +854,7 @@ def sample_and_match(
                               generator)
     batch = ids.shape[0]
     depth = int(tree_depths(par).max())
-    level_u = _uniforms(generator, batch, depth + 1)
+    level_u = draw_uniforms(generator, batch, depth + 1)
     table = child_table(par)
     rows = torch.arange(batch)
     node_tokens = torch.cat([torch.full((batch, 1), -2, dtype=torch.int64), ids], dim=1)
@@ -972,9 +956,7 @@ CASE_SEED = 20240511
 
 def _rows(rng: np.random.Generator, count: int, vocab: int, concentration: float) -> np.ndarray:
     """``[count, V]`` Dirichlet rows (all positive)."""
-    rows = np.maximum(rng.dirichlet(np.full(vocab, concentration), size=count), 1e-6)
-    normalised: np.ndarray = rows / rows.sum(axis=1, keepdims=True)
-    return normalised
+    return normalise(np.maximum(dirichlet_rows(rng, count, vocab, concentration), 1e-6))
 
 
 def _tree_case(
@@ -994,7 +976,7 @@ def _tree_case(
     p0 = np.asarray(root_target, dtype=np.float64)
     q0 = np.asarray(root_draft, dtype=np.float64)
     vocab = p0.shape[0]
-    depth = int(tree_depths(torch.tensor([parents])).max())
+    depth = tree_depth(parents)
     if tables is None:
         rng = np.random.default_rng(CASE_SEED + seed)
         target = _rows(rng, depth * vocab, vocab, concentration).reshape(depth, vocab, vocab)
@@ -1005,8 +987,8 @@ def _tree_case(
         case_id,
         f"V={vocab} N={len(parents)} {scheme} siblings, Markov p/q per depth and token",
         parents,
-        torch.from_numpy(p0 / p0.sum()),
-        torch.from_numpy(q0 / q0.sum()),
+        torch.from_numpy(normalise(p0)),
+        torch.from_numpy(normalise(q0)),
         torch.from_numpy(np.ascontiguousarray(target)),
         torch.from_numpy(np.ascontiguousarray(draft)),
         scheme,
@@ -1034,7 +1016,7 @@ def _greedy_tree_case(case_id: str, parents: tuple[int, ...], seed: int, *, voca
         case_id,
         f"V={vocab} N={nodes} greedy tree, random logits, B={batch}",
         torch.from_numpy(logits),
-        torch.tensor([parents] * batch, dtype=torch.int64),
+        batched_parents(parents, batch),
         torch.from_numpy(ids),
         frozenset({"duplicates"} if repeat_first else {"random"}),
     )
@@ -1043,104 +1025,82 @@ def _greedy_tree_case(case_id: str, parents: tuple[int, ...], seed: int, *, voca
 # ----------------------------------------------------------------------------- zoo
 
 
-@dataclass(frozen=True)
-class TreeMutantSpec:
-    """One tree entry of the zoo, before :mod:`losslessness.adapters.mutants` wraps it.
-
-    Attributes:
-        name: ``tree-<kebab-case>``, unique.
-        verifier: a :class:`TreeVerifier` or, when ``greedy``, a :class:`GreedyTreeVerifier`.
-        greedy: whether it is a greedy tree verifier.
-        lossy: False for the lossless controls.
-        mechanism: one line: what is wrong (for a control: why it is still lossless).
-        source: GitHub URL of the code, issue or PR the mechanism comes from.
-        case: the deterministic case on which the mechanism acts.
-    """
-
-    name: str
-    verifier: TreeVerifier | GreedyTreeVerifier
-    greedy: bool
-    lossy: bool
-    mechanism: str
-    source: str
-    case: TreeCase | GreedyTreeCase
-
-
-def _cases() -> dict[str, TreeCase | GreedyTreeCase]:
-    """Every tree mutant's case by mutant name (see each builder's comment for why it acts)."""
+def _case_builders() -> dict[str, Callable[[], TreeCase | GreedyTreeCase]]:
+    """Every tree mutant's case builder by mutant name (see each builder's comment for why its
+    case makes the mechanism act); a case is built on first use."""
     vocab4_p = [0.15, 0.15, 0.35, 0.35]
     vocab4_q = [0.55, 0.35, 0.05, 0.05]
     star3 = (0, 0, 0)
-    cases: dict[str, TreeCase | GreedyTreeCase] = {
+    cases: dict[str, Callable[[], TreeCase | GreedyTreeCase]] = {
         # Three i.i.d. siblings of a q far from p: each gets its own min(1, p/q) chance.
-        "tree-iid-siblings-against-p": _tree_case(
-            "tree-iid-against-p-v4", (*star3, 1), "iid", vocab4_p, vocab4_q, 1),
+        "tree-iid-siblings-against-p": functools.partial(
+            _tree_case, "tree-iid-against-p-v4", (*star3, 1), "iid", vocab4_p, vocab4_q, 1),
         # Three siblings without replacement: siblings 2 and 3 come from q', not q (exact root
         # TV 0.175, tests/adapters/test_tree_mutants.py).
-        "tree-replacement-rule-on-distinct-drafts": _tree_case(
-            "tree-wr-as-iid-v4", (*star3, 1), "without-replacement", [0.2, 0.1, 0.3, 0.4],
-            [0.1, 0.6, 0.2, 0.1], 2),
+        "tree-replacement-rule-on-distinct-drafts": functools.partial(
+            _tree_case, "tree-wr-as-iid-v4", (*star3, 1), "without-replacement",
+            [0.2, 0.1, 0.3, 0.4], [0.1, 0.6, 0.2, 0.1], 2),
         # Three i.i.d. siblings from a peaked q: repeats are common and q' is inflated (exact
         # root TV 0.14).
-        "tree-distinct-rule-on-replacement-drafts": _tree_case(
-            "tree-iid-as-wr-v4", (*star3, 1), "iid", [0.2, 0.2, 0.3, 0.3],
+        "tree-distinct-rule-on-replacement-drafts": functools.partial(
+            _tree_case, "tree-iid-as-wr-v4", (*star3, 1), "iid", [0.2, 0.2, 0.3, 0.3],
             [0.1, 0.1, 0.7, 0.1], 3),
         # A chain of depth 3 whose deeper p rows are far from the root's and whose q is far
         # from p (frequent rejections, so the final row matters).
-        "tree-final-from-root-row": _tree_case(
-            "tree-chain3-v6", (0, 1, 2), "iid", [0.6, 0.2, 0.05, 0.05, 0.05, 0.05],
+        "tree-final-from-root-row": functools.partial(
+            _tree_case, "tree-chain3-v6", (0, 1, 2), "iid", [0.6, 0.2, 0.05, 0.05, 0.05, 0.05],
             [0.3, 0.3, 0.1, 0.1, 0.1, 0.1], 4, concentration=0.3),
-        "tree-final-from-parent-row": _tree_case(
-            "tree-chain3-v6-b", (0, 1, 2), "iid", [0.6, 0.2, 0.05, 0.05, 0.05, 0.05],
+        "tree-final-from-parent-row": functools.partial(
+            _tree_case, "tree-chain3-v6-b", (0, 1, 2), "iid", [0.6, 0.2, 0.05, 0.05, 0.05, 0.05],
             [0.3, 0.3, 0.1, 0.1, 0.1, 0.1], 5, concentration=0.3),
         # Four i.i.d. siblings of a q concentrated on token 0, which p rarely emits.
-        "tree-duplicate-siblings-counted-twice": _tree_case(
-            "tree-iid-repeats-v4", (0, 0, 0, 0), "iid", [0.2, 0.2, 0.3, 0.3],
+        "tree-duplicate-siblings-counted-twice": functools.partial(
+            _tree_case, "tree-iid-repeats-v4", (0, 0, 0, 0), "iid", [0.2, 0.2, 0.3, 0.3],
             [0.8, 0.1, 0.05, 0.05], 6),
         # Top-k trees of a flat-ish p: Medusa keeps every token above its small threshold.
-        "tree-medusa-typical-acceptance": _tree_case(
-            "tree-topk-medusa-v8", (0, 0, 1, 1, 2), "top-k",
+        "tree-medusa-typical-acceptance": functools.partial(
+            _tree_case, "tree-topk-medusa-v8", (0, 0, 1, 1, 2), "top-k",
             [0.3, 0.2, 0.15, 0.1, 0.1, 0.05, 0.05, 0.05],
             [0.25, 0.25, 0.1, 0.1, 0.1, 0.1, 0.05, 0.05], 7, concentration=1.0),
         # p has a token of probability 0.55 that top-k drafting puts second.
-        "tree-sglang-threshold-single": _tree_case(
-            "tree-topk-single-v6", (0, 0, 1), "top-k", [0.3, 0.55, 0.05, 0.05, 0.03, 0.02],
-            [0.5, 0.3, 0.05, 0.05, 0.05, 0.05], 8),
-        "tree-sglang-threshold-acc": _tree_case(
-            "tree-topk-acc-v6", (0, 0, 1), "top-k", [0.2, 0.2, 0.2, 0.2, 0.1, 0.1],
+        "tree-sglang-threshold-single": functools.partial(
+            _tree_case, "tree-topk-single-v6", (0, 0, 1), "top-k",
+            [0.3, 0.55, 0.05, 0.05, 0.03, 0.02], [0.5, 0.3, 0.05, 0.05, 0.05, 0.05], 8),
+        "tree-sglang-threshold-acc": functools.partial(
+            _tree_case, "tree-topk-acc-v6", (0, 0, 1), "top-k", [0.2, 0.2, 0.2, 0.2, 0.1, 0.1],
             [0.3, 0.3, 0.1, 0.1, 0.1, 0.1], 9),
-        "tree-greedy-first-child-only": _greedy_tree_case(
-            "tree-greedy-v8-first", (0, 0, 1, 2, 2), 10, repeat_first=False),
-        "tree-greedy-highest-index-match": _greedy_tree_case(
-            "tree-greedy-dup-v8-b", (0, 0, 1, 2, 2), 11),
-        "tree-greedy-first-matching-path": _greedy_tree_case(
-            "tree-greedy-v8-paths", (0, 0, 1, 2, 2), 14, repeat_first=False),
-        "tree-greedy-final-from-parent": _greedy_tree_case(
-            "tree-greedy-v8", (0, 0, 1, 2, 2), 12, repeat_first=False),
+        "tree-greedy-first-child-only": functools.partial(
+            _greedy_tree_case, "tree-greedy-v8-first", (0, 0, 1, 2, 2), 10, repeat_first=False),
+        "tree-greedy-highest-index-match": functools.partial(
+            _greedy_tree_case, "tree-greedy-dup-v8-b", (0, 0, 1, 2, 2), 11),
+        "tree-greedy-first-matching-path": functools.partial(
+            _greedy_tree_case, "tree-greedy-v8-paths", (0, 0, 1, 2, 2), 14, repeat_first=False),
+        "tree-greedy-final-from-parent": functools.partial(
+            _greedy_tree_case, "tree-greedy-v8", (0, 0, 1, 2, 2), 12, repeat_first=False),
         # Controls: one per scheme at least.
-        "tree-siblings-reversed": _tree_case(
-            "tree-control-iid-v6", (0, 0, 0, 1, 1, 2), "iid",
+        "tree-siblings-reversed": functools.partial(
+            _tree_case, "tree-control-iid-v6", (0, 0, 0, 1, 1, 2), "iid",
             [0.3, 0.25, 0.2, 0.1, 0.1, 0.05], [0.1, 0.2, 0.3, 0.2, 0.1, 0.1], 13),
-        "tree-exponential-race-final": _tree_case(
-            "tree-control-wr-v6", (0, 0, 0, 1, 1, 2), "without-replacement",
+        "tree-exponential-race-final": functools.partial(
+            _tree_case, "tree-control-wr-v6", (0, 0, 0, 1, 1, 2), "without-replacement",
             [0.3, 0.25, 0.2, 0.1, 0.1, 0.05], [0.1, 0.2, 0.3, 0.2, 0.1, 0.1], 14),
-        "tree-log-space-acceptance": _tree_case(
-            "tree-control-wr-v6-b", (0, 0, 1, 1, 2, 3), "without-replacement",
+        "tree-log-space-acceptance": functools.partial(
+            _tree_case, "tree-control-wr-v6-b", (0, 0, 1, 1, 2, 3), "without-replacement",
             [0.3, 0.3, 0.2, 0.1, 0.1, 0.0], [0.1, 0.2, 0.3, 0.2, 0.1, 0.1], 15),
-        "tree-sample-and-match": _tree_case(
-            "tree-control-topk-v6", (0, 0, 0, 1, 1, 2), "top-k",
+        "tree-sample-and-match": functools.partial(
+            _tree_case, "tree-control-topk-v6", (0, 0, 0, 1, 1, 2), "top-k",
             [0.3, 0.25, 0.2, 0.1, 0.1, 0.05], [0.1, 0.2, 0.3, 0.2, 0.1, 0.1], 16),
-        "tree-one-coin-cumulative": _tree_case(
-            "tree-control-iid-v4", (0, 0, 0, 1), "iid", [0.2, 0.2, 0.3, 0.3],
+        "tree-one-coin-cumulative": functools.partial(
+            _tree_case, "tree-control-iid-v4", (0, 0, 0, 1), "iid", [0.2, 0.2, 0.3, 0.3],
             [0.8, 0.1, 0.05, 0.05], 17),
-        "tree-greedy-path-marking": _greedy_tree_case(
-            "tree-greedy-control-v8", (0, 0, 1, 2, 2), 18),
+        "tree-greedy-path-marking": functools.partial(
+            _greedy_tree_case, "tree-greedy-control-v8", (0, 0, 1, 2, 2), 18),
     }
     return cases
 
 
-def _specs() -> tuple[TreeMutantSpec, ...]:
-    cases = _cases()
+def _specs() -> tuple[Mutant, ...]:
+    cases = _case_builders()
     table: list[tuple[str, TreeVerifier | GreedyTreeVerifier, bool, bool, str, str]] = [
         ("tree-iid-siblings-against-p", iid_siblings_against_p, False, True,
          "each sibling tested against the original p, no running residual", SPECINFER_SOURCE),
@@ -1191,10 +1151,11 @@ def _specs() -> tuple[TreeMutantSpec, ...]:
          SGLANG_GREEDY_SOURCE),
     ]
     return tuple(
-        TreeMutantSpec(name, verifier, greedy, lossy, mechanism, source, cases[name])
+        Mutant(name, verifier, "greedy-tree" if greedy else "tree", lossy, mechanism, source,
+               cases[name])
         for name, verifier, greedy, lossy, mechanism, source in table
     )
 
 
-TREE_ZOO: tuple[TreeMutantSpec, ...] = _specs()
-"""Every tree mutant and control with its case: the lossy ones first."""
+TREE_ZOO: tuple[Mutant, ...] = _specs()
+"""Every tree mutant and control with its case (built on first use): the lossy ones first."""

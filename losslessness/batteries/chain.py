@@ -1,4 +1,4 @@
-"""The default case battery a LOSSLESS verdict stands on.
+"""The chain battery of the default audit: the chain-verifier cases a LOSSLESS verdict stands on.
 
 It spans V from 2 to 4096; flat, dense, peaked (hundreds of masses below 1e-3) and skewed
 distributions; exact zeros in p where q is positive and the reverse; q near p and far from it;
@@ -14,26 +14,13 @@ import functools
 import numpy as np
 import torch
 
-from losslessness.cases import ChainCase, GreedyCase
+from losslessness.batteries.builders import mix, probs_tensor, softmax
+from losslessness.cases import ChainCase
 from losslessness.reference.laws import total_variation
 
 BATTERY_SEED = 20221130
-"""Seed of the battery's construction (the date of Leviathan et al.'s first arXiv version)."""
-
-
-def _tensor(rows: list[np.ndarray]) -> torch.Tensor:
-    array = np.stack(rows).astype(np.float64)
-    return torch.from_numpy(array / array.sum(axis=-1, keepdims=True))
-
-
-def _softmax(logits: np.ndarray) -> np.ndarray:
-    shifted = np.exp(logits - logits.max())
-    normalised: np.ndarray = shifted / shifted.sum()
-    return normalised
-
-
-def _mix(p: np.ndarray, other: np.ndarray, weight: float) -> np.ndarray:
-    return (1.0 - weight) * p + weight * other
+"""Seed of the battery's construction (the date of Leviathan et al.'s first arXiv version);
+the greedy battery (:mod:`losslessness.batteries.greedy`) uses ``BATTERY_SEED + 1``."""
 
 
 def _case(
@@ -43,8 +30,8 @@ def _case(
     draft: list[list[np.ndarray]],
     tags: set[str],
 ) -> ChainCase:
-    target_probs = torch.stack([_tensor(rows) for rows in target])
-    draft_probs = torch.stack([_tensor(rows) for rows in draft])
+    target_probs = torch.stack([probs_tensor(rows) for rows in target])
+    draft_probs = torch.stack([probs_tensor(rows) for rows in draft])
     k = draft_probs.shape[1]
     tv = total_variation(target_probs[:, :k], draft_probs)
     tv_text = f"TV(p,q) {float(tv.min()):.2f}-{float(tv.max()):.2f}" if k else "k=0"
@@ -104,7 +91,7 @@ def _default_chain_battery() -> tuple[ChainCase, ...]:
             "v16-near-k4",
             "dense, q near p",
             [p16],
-            [[_mix(p, dirichlet(16, 2.0), 0.1) for p in p16[:4]]],
+            [[mix(p, dirichlet(16, 2.0), 0.1) for p in p16[:4]]],
             {"dense", "near"},
         )
     )
@@ -118,7 +105,7 @@ def _default_chain_battery() -> tuple[ChainCase, ...]:
     p64 = [with_zeros(64, 0.35) for _ in range(4)]
     q64 = []
     for p in p64[:3]:
-        q = _mix(p / p.sum(), dirichlet(64, 1.0), 0.3)
+        q = mix(p / p.sum(), dirichlet(64, 1.0), 0.3)
         q[rng.random(64) < 0.3] = (
             0.0  # zeros of q where p is positive: only the residual emits them
         )
@@ -128,7 +115,7 @@ def _default_chain_battery() -> tuple[ChainCase, ...]:
 
     def peaked(vocab: int, temperature: float) -> tuple[np.ndarray, np.ndarray]:
         logits = rng.standard_normal(vocab)
-        return logits, _softmax(logits / temperature)
+        return logits, softmax(logits / temperature)
 
     # Temperature 0.25: the top token holds most of the mass and thousands of tokens sit below
     # 1e-3; the draft is the same logits, perturbed, at a slightly higher temperature.
@@ -140,7 +127,7 @@ def _default_chain_battery() -> tuple[ChainCase, ...]:
             [[probs for _, probs in peaked_rows]],
             [
                 [
-                    _softmax((logits + 0.1 * rng.standard_normal(1000)) / 0.27)
+                    softmax((logits + 0.1 * rng.standard_normal(1000)) / 0.27)
                     for logits, _ in peaked_rows[:2]
                 ]
             ],
@@ -153,7 +140,7 @@ def _default_chain_battery() -> tuple[ChainCase, ...]:
             "v4096-flat",
             "flat",
             [p4096],
-            [[_mix(p4096[0], dirichlet(4096, 200.0), 0.8)]],
+            [[mix(p4096[0], dirichlet(4096, 200.0), 0.8)]],
             {"flat"},
         )
     )
@@ -161,7 +148,7 @@ def _default_chain_battery() -> tuple[ChainCase, ...]:
     for concentration, weight in ((2.0, 0.1), (0.5, 0.6), (1.0, 0.5)):
         ps = [dirichlet(32, concentration) for _ in range(3)]
         mixed_target.append(ps)
-        mixed_draft.append([_mix(p, dirichlet(32, concentration), weight) for p in ps[:2]])
+        mixed_draft.append([mix(p, dirichlet(32, concentration), weight) for p in ps[:2]])
     cases.append(
         _case(
             "v32-mixed-batch",
@@ -177,7 +164,7 @@ def _default_chain_battery() -> tuple[ChainCase, ...]:
             "v300-far-k1",
             "sparse Dirichlet(0.1), q far from p",
             [p300],
-            [[_mix(p300[0], dirichlet(300, 0.1), 0.6)]],
+            [[mix(p300[0], dirichlet(300, 0.1), 0.6)]],
             {"far", "peaked"},
         )
     )
@@ -197,7 +184,7 @@ def _default_chain_battery() -> tuple[ChainCase, ...]:
             "edge-one-hot",
             "one-hot p",
             [[np.eye(32)[token] for token in hot_tokens]],
-            [[_mix(np.eye(32)[token], dirichlet(32, 1.0), 0.3) for token in hot_tokens[:3]]],
+            [[mix(np.eye(32)[token], dirichlet(32, 1.0), 0.3) for token in hot_tokens[:3]]],
             {"one-hot"},
         )
     )
@@ -211,61 +198,4 @@ def _default_chain_battery() -> tuple[ChainCase, ...]:
             {"p-equals-q"},
         )
     )
-    return tuple(cases)
-
-
-def default_greedy_battery() -> list[GreedyCase]:
-    """The greedy-verifier battery: random logits, exact ties at the maximum, -inf masks.
-
-    Drafts equal the target's argmax with probability 0.7 per position so that deep positions
-    and the bonus are reached; in the tie cases a wrong draft is preferably a tied maximum
-    other than the lowest index, which a correct verifier must reject.
-
-    Returns:
-        :class:`GreedyCase` objects, deterministic (built from :data:`BATTERY_SEED`).
-    """
-    return list(_default_greedy_battery())
-
-
-@functools.cache
-def _default_greedy_battery() -> tuple[GreedyCase, ...]:
-    """Built once per process (cases are immutable; targets get copies of their tensors)."""
-    rng = np.random.default_rng(BATTERY_SEED + 1)
-    cases = []
-    for vocab, k, regime in (
-        (2, 1, "random"),
-        (50, 4, "random"),
-        (4096, 2, "random"),
-        (8, 3, "ties"),
-        (300, 4, "ties"),
-        (64, 2, "masked"),
-    ):
-        batch = 256
-        if regime == "ties":
-            logits = rng.integers(0, 3, size=(batch, k + 1, vocab)).astype(np.float64)
-        else:
-            logits = rng.standard_normal((batch, k + 1, vocab))
-        if regime == "masked":
-            mask = rng.random((batch, k + 1, vocab)) < 0.5
-            mask[..., 0] = False  # keep every row possible
-            logits[mask] = -np.inf
-        best = logits.max(axis=-1, keepdims=True)
-        argmax = np.argmax(logits == best, axis=-1)
-        drafts = rng.integers(0, vocab, size=(batch, k))
-        match = rng.random((batch, k)) < 0.7
-        drafts = np.where(match, argmax[:, :k], drafts)
-        if regime == "ties":
-            for b, i in zip(*np.nonzero(~match), strict=True):
-                tied = np.flatnonzero(logits[b, i] == best[b, i, 0])
-                if len(tied) > 1:
-                    drafts[b, i] = rng.choice(tied[1:])
-        cases.append(
-            GreedyCase(
-                f"greedy-v{vocab}-{regime}",
-                f"V={vocab} k={k} {regime} logits, B={batch}",
-                torch.from_numpy(logits),
-                torch.from_numpy(drafts.astype(np.int64)),
-                frozenset({regime}),
-            )
-        )
     return tuple(cases)

@@ -1,4 +1,5 @@
-"""The mutant zoo: verifiers that reproduce the mechanisms of real, publicly reported bugs.
+"""The chain and greedy mutants of the zoo: verifiers that reproduce the mechanisms of real,
+publicly reported bugs.
 
 Each mutant is the reference algorithm (Leviathan et al. 2022, Alg. 1) with the one mechanism
 of a shipped bug put back, in the chain protocol (or the greedy protocol) of
@@ -14,21 +15,22 @@ lossless-but-suboptimal sample-and-match rule): the audit must pass them.
 All mutants are vectorised over the batch (no Python loop over rows), validate their inputs
 like the reference (:class:`~losslessness.protocol.InvalidInputError`), compute in float64
 unless the bug is about precision, and take all randomness from the ``generator`` argument,
-so they are deterministic given it. ``losslessness audit mutant/<name>`` audits one;
-``losslessness list`` lists them.
+so they are deterministic given it. :data:`CHAIN_ZOO` lists them with the deterministic case
+on which each mechanism acts (:data:`PRECISION_ZOO` the precision mutants of issue 13);
+:mod:`losslessness.zoo.registry` joins them with the tree zoo. ``losslessness audit
+mutant/<name>`` audits one; ``losslessness list`` lists them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+import functools
+from collections.abc import Callable
 
 import numpy as np
 import torch
 
-from losslessness.adapters.base import Adapter, AdapterNotFound
-from losslessness.adapters.tree_mutants import TREE_ZOO, TreeMutantSpec
-from losslessness.cases import ChainCase, GreedyCase, GreedyTreeCase, TreeCase
+from losslessness.batteries.builders import dirichlet_rows, probs_tensor
+from losslessness.cases import ChainCase, GreedyCase
 from losslessness.protocol import (
     ChainVerifier,
     GreedyVerifier,
@@ -46,9 +48,8 @@ from losslessness.reference import (
     verify_with_uniforms,
 )
 from losslessness.reference.block import BLOCK_VERIFICATION, VERIFICATION_ATTRIBUTE
-
-MUTANT_PREFIX = "mutant/"
-"""Target names starting with this resolve to a mutant (``mutant/<name>``)."""
+from losslessness.zoo.entry import Mutant
+from losslessness.zoo.steps import draw_uniforms, normalised
 
 CASE_SEED = 20240117
 """Seed of the construction of every mutant's own case (deterministic on every machine)."""
@@ -57,59 +58,13 @@ ResidualLaw = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 """``(p_final [B, V], q_final [B, V], rejected_draft [B]) -> law [B, V]`` after a rejection."""
 
 
-@dataclass(frozen=True)
-class Mutant:
-    """One entry of the zoo.
-
-    Attributes:
-        name: kebab-case, unique (``residual-clamped-1e-5``).
-        adapter: the :class:`~losslessness.adapters.base.Adapter` (``chain``, ``greedy``,
-            ``tree`` or ``greedy_tree`` set), named ``mutant/<name>``.
-        lossy: False for the lossless controls.
-        mechanism: one line: what is wrong (for a control: why it is still lossless).
-        source: URL of the bug report, PR or issue the mechanism comes from.
-        case: one case, typical of real use, where the mechanism acts (for a lossy mutant its
-            law or acceptance differs from the reference there).
-    """
-
-    name: str
-    adapter: Adapter
-    lossy: bool
-    mechanism: str
-    source: str
-    case: ChainCase | GreedyCase | TreeCase | GreedyTreeCase
-
-
-# ----------------------------------------------------------------------------- shared steps
-
-
-ROW_SUM_EXACT = 1e-12
-"""Rows whose sums are within this of 1 are already normalised to float64 rounding."""
-
-
-def _normalised(probs: torch.Tensor) -> torch.Tensor:
-    """Rows of ``probs`` as float64 divided by their sums.
-
-    Rows already normalised to float64 rounding (the audit's cases) are returned as they are,
-    possibly the input itself, which callers never modify: the division would be the most
-    expensive pass of a call at large V.
-    """
-    rows = probs.to(torch.float64)
-    sums = rows.sum(dim=-1, keepdim=True)
-    if rows.numel() == 0 or bool(((sums - 1.0).abs() <= ROW_SUM_EXACT).all()):
-        return rows
-    return rows / sums
+# ------------------------------------------------------------------------------ chain steps
 
 
 def _gather(rows: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """``rows[b, i, ids[b, i]]`` for ``rows [B, k', V]`` (k' >= k) and ``ids [B, k]``."""
     k = ids.shape[1]
     return rows[:, :k].gather(-1, ids.unsqueeze(-1)).squeeze(-1)
-
-
-def _uniforms(generator: torch.Generator, *shape: int) -> torch.Tensor:
-    """float64 uniforms in [0, 1) on CPU from ``generator``."""
-    return torch.rand(shape, generator=generator, dtype=torch.float64)
 
 
 def _standard_residual(p: torch.Tensor, q: torch.Tensor, _: torch.Tensor) -> torch.Tensor:
@@ -163,8 +118,8 @@ def _prepare(
     """Validate a chain call; return normalised float64 p, q and int64 drafts (CPU)."""
     validate_chain_inputs(target_probs, draft_probs, draft_token_ids, generator)
     return (
-        _normalised(target_probs.cpu()),
-        _normalised(draft_probs.cpu()),
+        normalised(target_probs.cpu()),
+        normalised(draft_probs.cpu()),
         draft_token_ids.cpu().to(torch.int64),
     )
 
@@ -195,8 +150,8 @@ def residual_clamped_1e5(
         floored = (p_row - q_row).clamp(min=1e-5)
         return floored / floored.sum(dim=-1, keepdim=True)
 
-    accepted = _standard_accept(p, q, ids, _uniforms(generator, batch, k))
-    return _finish(p, q, ids, accepted, _uniforms(generator, batch), clamped)
+    accepted = _standard_accept(p, q, ids, draw_uniforms(generator, batch, k))
+    return _finish(p, q, ids, accepted, draw_uniforms(generator, batch), clamped)
 
 
 def uniform_includes_zero(
@@ -221,7 +176,7 @@ def uniform_includes_zero(
     batch, k = ids.shape
     coins = torch.rand((batch, k), generator=generator, dtype=torch.bfloat16)
     accepted = coins.to(torch.float64) <= _gather(p, ids) / _gather(q, ids)
-    return _finish(p, q, ids, accepted, _uniforms(generator, batch))
+    return _finish(p, q, ids, accepted, draw_uniforms(generator, batch))
 
 
 def uniform_hard_coded_zero(
@@ -242,7 +197,7 @@ def uniform_hard_coded_zero(
     p, q, ids = _prepare(target_probs, draft_probs, draft_token_ids, generator)
     batch, _ = ids.shape
     accepted = _gather(p, ids) > 0
-    return _finish(p, q, ids, accepted, _uniforms(generator, batch))
+    return _finish(p, q, ids, accepted, draw_uniforms(generator, batch))
 
 
 def residual_zeroes_rejected_token(
@@ -272,8 +227,8 @@ def residual_zeroes_rejected_token(
         # A row whose only mass was on the rejected token is never rejected (p(d)/q(d) >= 1).
         return torch.where(total > 0, masked / total.clamp(min=1e-300), p_row)
 
-    accepted = _standard_accept(p, q, ids, _uniforms(generator, batch, k))
-    return _finish(p, q, ids, accepted, _uniforms(generator, batch), without_rejected)
+    accepted = _standard_accept(p, q, ids, draw_uniforms(generator, batch, k))
+    return _finish(p, q, ids, accepted, draw_uniforms(generator, batch), without_rejected)
 
 
 NAN_ROW_TOKEN_OFFSET = 0
@@ -317,7 +272,7 @@ def residual_nan_when_p_equals_q(
         rejected = n_accepted < k
         nan_row = rejected & (total.squeeze(1) <= 0)
         law = torch.where((rejected & ~nan_row).unsqueeze(1), excess / total.clamp(min=1e-300), law)
-    final = sample_inverse_cdf(law, _uniforms(generator, batch))
+    final = sample_inverse_cdf(law, draw_uniforms(generator, batch))
     final = torch.where(nan_row, vocab + NAN_ROW_TOKEN_OFFSET, final)
     return emitted_tokens(ids, n_accepted, final)
 
@@ -341,8 +296,8 @@ def draft_chosen_greedily(
     p, q, _ = _prepare(target_probs, draft_probs, draft_token_ids, generator)
     batch, k = draft_token_ids.shape
     ids = argmax_lowest_index(q)
-    accepted = _standard_accept(p, q, ids, _uniforms(generator, batch, k))
-    return _finish(p, q, ids, accepted, _uniforms(generator, batch))
+    accepted = _standard_accept(p, q, ids, draw_uniforms(generator, batch, k))
+    return _finish(p, q, ids, accepted, draw_uniforms(generator, batch))
 
 
 DRAFT_TOP_K = 3
@@ -371,10 +326,10 @@ def draft_from_top_k_logits(
     top = min(DRAFT_TOP_K, q.shape[-1])
     kth = q.topk(top, dim=-1).values[..., -1:]
     processed = torch.where(q >= kth, q, 0.0)
-    draws = _uniforms(generator, batch * k)
+    draws = draw_uniforms(generator, batch * k)
     ids = sample_inverse_cdf(processed.reshape(batch * k, -1), draws).reshape(batch, k)
-    accepted = _standard_accept(p, q, ids, _uniforms(generator, batch, k))
-    return _finish(p, q, ids, accepted, _uniforms(generator, batch))
+    accepted = _standard_accept(p, q, ids, draw_uniforms(generator, batch, k))
+    return _finish(p, q, ids, accepted, draw_uniforms(generator, batch))
 
 
 REQUEST_TEMPERATURE = 0.7
@@ -400,9 +355,9 @@ def target_with_default_temperature(
     """
     p, q, ids = _prepare(target_probs, draft_probs, draft_token_ids, generator)
     batch, k = ids.shape
-    untempered = _normalised(p.pow(REQUEST_TEMPERATURE))
-    accepted = _standard_accept(untempered, q, ids, _uniforms(generator, batch, k))
-    return _finish(untempered, q, ids, accepted, _uniforms(generator, batch))
+    untempered = normalised(p.pow(REQUEST_TEMPERATURE))
+    accepted = _standard_accept(untempered, q, ids, draw_uniforms(generator, batch, k))
+    return _finish(untempered, q, ids, accepted, draw_uniforms(generator, batch))
 
 
 def replacement_from_next_row(
@@ -423,12 +378,12 @@ def replacement_from_next_row(
     """
     p, q, ids = _prepare(target_probs, draft_probs, draft_token_ids, generator)
     batch, k = ids.shape
-    accepted = _standard_accept(p, q, ids, _uniforms(generator, batch, k))
+    accepted = _standard_accept(p, q, ids, draw_uniforms(generator, batch, k))
     n_accepted = accepted_lengths(accepted)
     rows = torch.arange(batch)
     law = p[rows, (n_accepted + 1).clamp(max=k)]
     law = torch.where((n_accepted < k).unsqueeze(1), law, p[rows, n_accepted])
-    final = sample_inverse_cdf(law, _uniforms(generator, batch))
+    final = sample_inverse_cdf(law, draw_uniforms(generator, batch))
     return emitted_tokens(ids, n_accepted, final)
 
 
@@ -470,8 +425,8 @@ def padded_vocab_not_truncated(
     p_padded = torch.softmax(logits, dim=-1)
     q_padded = torch.zeros((*q.shape[:-1], padded), dtype=torch.float64)
     q_padded[..., :vocab] = q
-    accepted = _standard_accept(p_padded, q_padded, ids, _uniforms(generator, batch, k))
-    return _finish(p_padded, q_padded, ids, accepted, _uniforms(generator, batch))
+    accepted = _standard_accept(p_padded, q_padded, ids, draw_uniforms(generator, batch, k))
+    return _finish(p_padded, q_padded, ids, accepted, draw_uniforms(generator, batch))
 
 
 PADDED_DRAFT_ID = -1
@@ -501,7 +456,7 @@ def padded_draft_id_used_as_index(
     batch, k = ids.shape
     if k == 0:
         return _finish(
-            p, q, ids, torch.zeros((batch, 0), dtype=torch.bool), _uniforms(generator, batch)
+            p, q, ids, torch.zeros((batch, 0), dtype=torch.bool), draw_uniforms(generator, batch)
         )
     kernel_ids = ids.clone()
     kernel_ids[:, -1] = PADDED_DRAFT_ID
@@ -509,7 +464,7 @@ def padded_draft_id_used_as_index(
     kernel_q[:, -1] = 0.0
     # Negative indices wrap, as the kernel's unchecked pointer arithmetic reads token V-1.
     wrapped = kernel_ids % p.shape[-1]
-    u = _uniforms(generator, batch, k)
+    u = draw_uniforms(generator, batch, k)
     accepted = u * _gather(kernel_q, wrapped) < _gather(p, wrapped)
     n_accepted = accepted_lengths(accepted)
     rows = torch.arange(batch)
@@ -517,7 +472,7 @@ def padded_draft_id_used_as_index(
     if k > 0:
         correction = residual_distribution(law, kernel_q[rows, n_accepted.clamp(max=k - 1)])
         law = torch.where((n_accepted < k).unsqueeze(1), correction, law)
-    final = sample_inverse_cdf(law, _uniforms(generator, batch))
+    final = sample_inverse_cdf(law, draw_uniforms(generator, batch))
     return emitted_tokens(kernel_ids, n_accepted, final)
 
 
@@ -541,8 +496,8 @@ def shared_random_stream(
     batch, k, _ = validate_chain_inputs(target_probs, draft_probs, draft_token_ids, generator)
     seed = int(torch.randint(0, 2**62, (1,), generator=generator))
     stream = torch.Generator().manual_seed(seed)
-    accept = _uniforms(stream, 1, k).expand(batch, k).contiguous()
-    sample = _uniforms(stream, 1).expand(batch).contiguous()
+    accept = draw_uniforms(stream, 1, k).expand(batch, k).contiguous()
+    sample = draw_uniforms(stream, 1).expand(batch).contiguous()
     return verify_with_uniforms(
         target_probs,
         draft_probs,
@@ -584,10 +539,10 @@ def draft_sampled_in_bfloat16(
     logits = DRAFT_TEMPERATURE * (log_q - log_q.amax(dim=-1, keepdim=True)) + DRAFT_MAX_LOGIT
     rounded = logits.to(torch.bfloat16) / torch.tensor(DRAFT_TEMPERATURE, dtype=torch.bfloat16)
     sampled_law = torch.softmax(rounded.to(torch.float64), dim=-1)
-    draws = _uniforms(generator, batch * k)
+    draws = draw_uniforms(generator, batch * k)
     ids = sample_inverse_cdf(sampled_law.reshape(batch * k, -1), draws).reshape(batch, k)
-    accepted = _standard_accept(p, q, ids, _uniforms(generator, batch, k))
-    return _finish(p, q, ids, accepted, _uniforms(generator, batch))
+    accepted = _standard_accept(p, q, ids, draw_uniforms(generator, batch, k))
+    return _finish(p, q, ids, accepted, draw_uniforms(generator, batch))
 
 
 FLOAT16_MAX_LOGIT = 20.0
@@ -626,8 +581,8 @@ def _verify_float16_laws(
     p_rounded = _float16_law(p, max_logit)
     q_rounded = _float16_law(q, max_logit)
     ratio = _gather(p_rounded, ids).to(torch.float16) / _gather(q_rounded, ids).to(torch.float16)
-    accepted = _uniforms(generator, batch, k) < ratio.to(torch.float64)
-    return _finish(p_rounded, q_rounded, ids, accepted, _uniforms(generator, batch))
+    accepted = draw_uniforms(generator, batch, k) < ratio.to(torch.float64)
+    return _finish(p_rounded, q_rounded, ids, accepted, draw_uniforms(generator, batch))
 
 
 def laws_from_float16_logits(
@@ -688,9 +643,9 @@ def match_count_accepts_all(
     """
     p, q, ids = _prepare(target_probs, draft_probs, draft_token_ids, generator)
     batch, k = ids.shape
-    is_accepted = _standard_accept(p, q, ids, _uniforms(generator, batch, k))
+    is_accepted = _standard_accept(p, q, ids, draw_uniforms(generator, batch, k))
     faulty = ~is_accepted.to(torch.int64).cumsum(dim=-1) < 1
-    return _finish(p, q, ids, faulty, _uniforms(generator, batch))
+    return _finish(p, q, ids, faulty, draw_uniforms(generator, batch))
 
 
 # ---------------------------------------------------------------------------- lossy: greedy
@@ -780,9 +735,9 @@ def sample_and_match(
     """
     p, _, ids = _prepare(target_probs, draft_probs, draft_token_ids, generator)
     batch, k = ids.shape
-    uniforms = _uniforms(generator, batch, k + 1)
+    draws = draw_uniforms(generator, batch, k + 1)
     flat = p.reshape(batch * (k + 1), -1)
-    samples = sample_inverse_cdf(flat, uniforms.reshape(-1)).reshape(batch, k + 1)
+    samples = sample_inverse_cdf(flat, draws.reshape(-1)).reshape(batch, k + 1)
     n_accepted = accepted_lengths(samples[:, :k] == ids)
     return emitted_tokens(ids, n_accepted, samples.gather(1, n_accepted.unsqueeze(1)).squeeze(1))
 
@@ -803,7 +758,7 @@ def gumbel_max_residual(
     """
     p, q, ids = _prepare(target_probs, draft_probs, draft_token_ids, generator)
     batch, k = ids.shape
-    accepted = _standard_accept(p, q, ids, _uniforms(generator, batch, k))
+    accepted = _standard_accept(p, q, ids, draw_uniforms(generator, batch, k))
     n_accepted = accepted_lengths(accepted)
     rows = torch.arange(batch)
     law = p[rows, n_accepted]
@@ -811,7 +766,7 @@ def gumbel_max_residual(
         excess = (law - q[rows, n_accepted.clamp(max=k - 1)]).clamp(min=0.0)
         law = torch.where((n_accepted < k).unsqueeze(1), excess, law)
     # 1 - U lies in (0, 1], so the exponentials are finite and positive.
-    exponentials = -torch.log1p(-_uniforms(generator, batch, p.shape[-1]))
+    exponentials = -torch.log1p(-draw_uniforms(generator, batch, p.shape[-1]))
     final = (law / exponentials).argmax(dim=-1)
     return emitted_tokens(ids, n_accepted, final)
 
@@ -831,9 +786,9 @@ def log_space_acceptance(
     """
     p, q, ids = _prepare(target_probs, draft_probs, draft_token_ids, generator)
     batch, k = ids.shape
-    u = 1.0 - _uniforms(generator, batch, k)
+    u = 1.0 - draw_uniforms(generator, batch, k)
     accepted = u.log() < _gather(p, ids).log() - _gather(q, ids).log()
-    return _finish(p, q, ids, accepted, _uniforms(generator, batch))
+    return _finish(p, q, ids, accepted, draw_uniforms(generator, batch))
 
 
 def unnormalised_residual_multinomial(
@@ -850,7 +805,7 @@ def unnormalised_residual_multinomial(
     """
     p, q, ids = _prepare(target_probs, draft_probs, draft_token_ids, generator)
     batch, k = ids.shape
-    accepted = _standard_accept(p, q, ids, _uniforms(generator, batch, k))
+    accepted = _standard_accept(p, q, ids, draw_uniforms(generator, batch, k))
     n_accepted = accepted_lengths(accepted)
     rows = torch.arange(batch)
     weights = p[rows, n_accepted]
@@ -884,14 +839,14 @@ def block_verification_wrong_residual(
     """
     p, q, ids = _prepare(target_probs, draft_probs, draft_token_ids, generator)
     batch, k = ids.shape
-    accept_uniforms = _uniforms(generator, batch, k + 1)
+    accept_uniforms = draw_uniforms(generator, batch, k + 1)
     n_accepted, _ = block_decisions(p, q, ids, accept_uniforms)
     rows = torch.arange(batch)
     law = p[rows, n_accepted]
     if k > 0:
         token_residual = residual_distribution(law, q[rows, n_accepted.clamp(max=k - 1)])
         law = torch.where((n_accepted < k).unsqueeze(1), token_residual, law)
-    return emitted_tokens(ids, n_accepted, sample_inverse_cdf(law, _uniforms(generator, batch)))
+    return emitted_tokens(ids, n_accepted, sample_inverse_cdf(law, draw_uniforms(generator, batch)))
 
 
 setattr(block_verification_wrong_residual, VERIFICATION_ATTRIBUTE, BLOCK_VERIFICATION)
@@ -900,30 +855,20 @@ setattr(block_verification_wrong_residual, VERIFICATION_ATTRIBUTE, BLOCK_VERIFIC
 # ------------------------------------------------------------------------------------ cases
 
 
-def _dirichlet_rows(rng: np.random.Generator, rows: int, vocab: int, alpha: float) -> np.ndarray:
-    values: np.ndarray = rng.dirichlet(np.full(vocab, alpha), size=rows)
-    return values
-
-
 def _chain_case(
     case_id: str, summary: str, target: np.ndarray, draft: np.ndarray, tags: set[str]
 ) -> ChainCase:
-    target = target / target.sum(axis=-1, keepdims=True)
-    draft = draft / draft.sum(axis=-1, keepdims=True)
+    """One row type: ``target [k+1, V]`` and ``draft [k, V]``, normalised, as a batch of one."""
     return ChainCase(
-        case_id,
-        summary,
-        torch.from_numpy(target[None]),
-        torch.from_numpy(draft[None]),
-        frozenset(tags),
+        case_id, summary, probs_tensor(target)[None], probs_tensor(draft)[None], frozenset(tags)
     )
 
 
 def _dense_case(case_id: str, vocab: int, k: int, seed: int, near: float = 0.5) -> ChainCase:
     """Dense Dirichlet(1) target rows; draft rows ``(1 - near) p + near * Dirichlet(1)``."""
     rng = np.random.default_rng([CASE_SEED, seed])
-    target = _dirichlet_rows(rng, k + 1, vocab, 1.0)
-    draft = (1 - near) * target[:k] + near * _dirichlet_rows(rng, k, vocab, 1.0)
+    target = dirichlet_rows(rng, k + 1, vocab, 1.0)
+    draft = (1 - near) * target[:k] + near * dirichlet_rows(rng, k, vocab, 1.0)
     return _chain_case(
         case_id, f"V={vocab} k={k} dense, q mixed {near:g} away from p", target, draft, {"dense"}
     )
@@ -933,10 +878,10 @@ def _truncated_target_case(case_id: str, vocab: int, k: int, seed: int) -> Chain
     """Target rows with about half the vocabulary cut to 0 (top-p truncation) while the draft
     keeps mass everywhere: drafts with p(d) = 0 are common."""
     rng = np.random.default_rng([CASE_SEED, seed])
-    target = _dirichlet_rows(rng, k + 1, vocab, 1.0)
+    target = dirichlet_rows(rng, k + 1, vocab, 1.0)
     cut = np.sort(target, axis=-1)[:, vocab // 2 : vocab // 2 + 1]
     target = np.where(target >= cut, target, 0.0)
-    draft = _dirichlet_rows(rng, k, vocab, 1.0)
+    draft = dirichlet_rows(rng, k, vocab, 1.0)
     return _chain_case(
         case_id, f"V={vocab} k={k} top-p truncated target, dense draft", target, draft, {"zeros"}
     )
@@ -945,7 +890,7 @@ def _truncated_target_case(case_id: str, vocab: int, k: int, seed: int) -> Chain
 def _equal_rows_case(case_id: str, vocab: int, k: int, seed: int) -> ChainCase:
     """Draft rows equal to the target rows (a well-distilled drafter at low temperature)."""
     rng = np.random.default_rng([CASE_SEED, seed])
-    target = _dirichlet_rows(rng, k + 1, vocab, 1.0)
+    target = dirichlet_rows(rng, k + 1, vocab, 1.0)
     return _chain_case(
         case_id, f"V={vocab} k={k} p == q", target, target[:k].copy(), {"p-equals-q"}
     )
@@ -997,271 +942,226 @@ def _entry(
     lossy: bool,
     mechanism: str,
     source: str,
-    case: ChainCase | GreedyCase,
+    case: Callable[[], ChainCase | GreedyCase],
 ) -> Mutant:
-    kind = "lossless control" if not lossy else "lossy mutant"
-    adapter = Adapter(
-        name=MUTANT_PREFIX + name,
-        description=f"{kind} ({'greedy' if greedy else 'chain'} protocol): {mechanism} [{source}]",
-        chain=None if greedy else verifier,  # type: ignore[arg-type]
-        greedy=verifier if greedy else None,  # type: ignore[arg-type]
-    )
-    return Mutant(name, adapter, lossy, mechanism, source, case)
+    """A chain (or, with ``greedy``, a greedy) entry whose case ``case()`` builds on first use."""
+    protocol = "greedy" if greedy else "chain"
+    return Mutant(name, verifier, protocol, lossy, mechanism, source, case)
 
 
-def _tree_entry(spec: TreeMutantSpec) -> Mutant:
-    """A tree mutant of :mod:`losslessness.adapters.tree_mutants` as a zoo entry."""
-    kind = "lossless control" if not spec.lossy else "lossy mutant"
-    protocol = "greedy tree" if spec.greedy else "tree"
-    adapter = Adapter(
-        name=MUTANT_PREFIX + spec.name,
-        description=f"{kind} ({protocol} protocol): {spec.mechanism} [{spec.source}]",
-        tree=None if spec.greedy else spec.verifier,  # type: ignore[arg-type]
-        greedy_tree=spec.verifier if spec.greedy else None,  # type: ignore[arg-type]
-    )
-    return Mutant(spec.name, adapter, spec.lossy, spec.mechanism, spec.source, spec.case)
+CHAIN_ZOO: tuple[Mutant, ...] = (
+    _entry(
+        "residual-clamped-1e-5",
+        residual_clamped_1e5,
+        lossy=True,
+        mechanism="residual clamp(p - q, min=1e-5): tokens with p = 0 get residual mass",
+        source="https://github.com/vllm-project/vllm/pull/13933",
+        case=functools.partial(_truncated_target_case, "mutant-truncated-v64", 64, 2, 1),
+    ),
+    _entry(
+        "uniform-includes-zero",
+        uniform_includes_zero,
+        lossy=True,
+        mechanism="coin can be exactly 0 (bfloat16) and u <= p/q accepts drafts with p = 0",
+        source="https://github.com/sgl-project/sglang/issues/35771",
+        case=functools.partial(_truncated_target_case, "mutant-truncated-v32", 32, 2, 2),
+    ),
+    _entry(
+        "uniform-hard-coded-zero",
+        uniform_hard_coded_zero,
+        lossy=True,
+        mechanism="u = 0 constant: log p(d) > log(0) + log q(d) accepts every draft with p > 0",
+        source="https://github.com/vllm-project/vllm-ascend/issues/13730",
+        case=functools.partial(_dense_case, "mutant-dense-v16", 16, 2, 3),
+    ),
+    _entry(
+        "residual-zeroes-rejected-token",
+        residual_zeroes_rejected_token,
+        lossy=True,
+        mechanism="after a rejection samples p with only p(d) zeroed, not norm(max(0, p - q))",
+        source="https://github.com/SafeAILab/EAGLE/issues/20",
+        case=functools.partial(_dense_case, "mutant-dense-v8", 8, 2, 4),
+    ),
+    _entry(
+        "residual-nan-when-p-equals-q",
+        residual_nan_when_p_equals_q,
+        lossy=True,
+        mechanism="coin in (0, 1] rejects at p == q, where the unguarded residual is 0/0",
+        source="https://github.com/jaymody/speculative-sampling/issues/5",
+        case=functools.partial(_equal_rows_case, "mutant-p-equals-q-v16", 16, 2, 5),
+    ),
+    _entry(
+        "draft-chosen-greedily",
+        draft_chosen_greedily,
+        lossy=True,
+        mechanism="draft is argmax q but the ratio divides by the softmax q",
+        source="https://github.com/huggingface/transformers/issues/32867",
+        case=functools.partial(_dense_case, "mutant-dense-v16-b", 16, 2, 6),
+    ),
+    _entry(
+        "draft-from-top-k-logits",
+        draft_from_top_k_logits,
+        lossy=True,
+        mechanism="draft sampled from top-3-processed q while the ratio uses the raw q",
+        source="https://github.com/huggingface/transformers/issues/47932",
+        case=functools.partial(_dense_case, "mutant-dense-v32", 32, 2, 7),
+    ),
+    _entry(
+        "target-default-temperature",
+        target_with_default_temperature,
+        lossy=True,
+        mechanism="target law computed at temperature 1.0 instead of the request's 0.7",
+        source="https://github.com/vllm-project/vllm/pull/10198",
+        case=functools.partial(_dense_case, "mutant-dense-v16-c", 16, 2, 8),
+    ),
+    _entry(
+        "replacement-from-next-row",
+        replacement_from_next_row,
+        lossy=True,
+        mechanism="replacement token after rejecting d_i drawn from p_{i+1}, not the residual",
+        source="https://github.com/openvinotoolkit/openvino.genai/issues/4190",
+        case=functools.partial(_dense_case, "mutant-dense-v16-d", 16, 2, 9),
+    ),
+    _entry(
+        "padded-vocab-not-truncated",
+        padded_vocab_not_truncated,
+        lossy=True,
+        mechanism="vocabulary padded to a multiple of 64 keeps mass: ids >= V are emitted",
+        source="https://github.com/vllm-project/vllm/security/advisories/GHSA-8wr5-jm2h-8r4f",
+        case=functools.partial(_dense_case, "mutant-dense-v50", 50, 2, 10),
+    ),
+    _entry(
+        "padded-draft-id-used-as-index",
+        padded_draft_id_used_as_index,
+        lossy=True,
+        mechanism="padded draft id -1 indexes token V-1 and is accepted into the output",
+        source="https://github.com/flashinfer-ai/flashinfer/issues/879",
+        case=functools.partial(_dense_case, "mutant-dense-v16-e", 16, 2, 11),
+    ),
+    _entry(
+        "shared-random-stream",
+        shared_random_stream,
+        lossy=True,
+        mechanism="one random stream for every request of a batch: identical rows agree",
+        source="https://github.com/NVIDIA/TensorRT-LLM/issues/19487",
+        case=functools.partial(_dense_case, "mutant-dense-v16-f", 16, 2, 12),
+    ),
+    _entry(
+        "draft-sampled-in-bfloat16",
+        draft_sampled_in_bfloat16,
+        lossy=True,
+        mechanism="draft sampled from bfloat16 logits while the ratio uses the float32 q",
+        source="https://github.com/deepseek-ai/DeepSpec/issues/31",
+        case=functools.partial(_dense_case, "mutant-dense-v32-b", 32, 2, 13, near=0.3),
+    ),
+    _entry(
+        "match-count-accepts-all",
+        match_count_accepts_all,
+        lossy=True,
+        mechanism="n_matches = (~is_accepted.cumsum() < 1).sum() keeps every draft",
+        source="https://github.com/huggingface/transformers/pull/28508",
+        case=functools.partial(_dense_case, "mutant-dense-v16-g", 16, 2, 14),
+    ),
+    _entry(
+        "block-verification-wrong-residual",
+        block_verification_wrong_residual,
+        lossy=True,
+        mechanism="block acceptance, but the token-level residual max(0, p - q), not w p - q",
+        source="https://github.com/vllm-project/vllm-ascend/issues/7807",
+        case=functools.partial(_block_residual_case, "mutant-block-residual-v3"),
+    ),
+    _entry(
+        "greedy-ties-to-highest",
+        greedy_ties_to_highest,
+        greedy=True,
+        lossy=True,
+        mechanism="argmax ties broken towards the highest index, greedy decoding takes lowest",
+        source="https://github.com/ohdearquant/lattice/issues/280",
+        case=functools.partial(_greedy_case, "mutant-greedy-ties-v8", 8, 3, 15, ties=True),
+    ),
+    _entry(
+        "greedy-no-bonus-token",
+        greedy_no_bonus_token,
+        greedy=True,
+        lossy=True,
+        mechanism="no bonus token when all k drafts match the target's argmax",
+        source="https://github.com/ohdearquant/lattice/pull/509",
+        case=functools.partial(_greedy_case, "mutant-greedy-v50", 50, 2, 16, ties=False),
+    ),
+    _entry(
+        "greedy-first-draft-unverified",
+        greedy_first_draft_unverified,
+        greedy=True,
+        lossy=True,
+        mechanism="first draft committed without comparing it with the target's argmax",
+        source="https://github.com/ohdearquant/lattice/issues/243",
+        case=functools.partial(_greedy_case, "mutant-greedy-v50-b", 50, 2, 17, ties=False),
+    ),
+    _entry(
+        "sample-and-match",
+        sample_and_match,
+        lossy=False,
+        mechanism="x ~ p, accept iff x == d: lossless, acceptance sum p q (SUBOPTIMAL)",
+        source="https://github.com/ml-explore/mlx-lm/pull/1709",
+        case=functools.partial(_dense_case, "control-dense-v16", 16, 2, 18),
+    ),
+    _entry(
+        "gumbel-max-residual",
+        gumbel_max_residual,
+        lossy=False,
+        mechanism="correction by exponential race argmax r / Exp(1): exact sample of norm(r)",
+        source="https://github.com/vllm-project/vllm/pull/41258",
+        case=functools.partial(_dense_case, "control-dense-v32", 32, 2, 19),
+    ),
+    _entry(
+        "log-space-acceptance",
+        log_space_acceptance,
+        lossy=False,
+        mechanism="log u < log p(d) - log q(d) with u in (0, 1): the same test in log space",
+        source="https://github.com/vllm-project/vllm-ascend/issues/13730",
+        case=functools.partial(_truncated_target_case, "control-truncated-v32", 32, 2, 20),
+    ),
+    _entry(
+        "unnormalised-residual-multinomial",
+        unnormalised_residual_multinomial,
+        lossy=False,
+        mechanism="torch.multinomial normalises max(0, p - q) itself: same law",
+        source="https://github.com/vllm-project/vllm/pull/2336",
+        case=functools.partial(_dense_case, "control-dense-v16-b", 16, 2, 21),
+    ),
+    _entry(
+        "block-verification",
+        verify_block,
+        lossy=False,
+        mechanism="block verification (Sun et al. 2024, Alg. 2): lossless, accepts more later",
+        source="https://github.com/sgl-project/sglang/pull/36516",
+        case=functools.partial(_dense_case, "control-dense-v8-k3", 8, 3, 24, near=0.9),
+    ),
+)
+"""Every chain and greedy mutant and control, each with the case on which its mechanism acts
+(built on first use), in the zoo's listing order."""
 
 
-def _build_zoo() -> dict[str, Mutant]:
-    entries = [
-        _entry(
-            "residual-clamped-1e-5",
-            residual_clamped_1e5,
-            lossy=True,
-            mechanism="residual clamp(p - q, min=1e-5): tokens with p = 0 get residual mass",
-            source="https://github.com/vllm-project/vllm/pull/13933",
-            case=_truncated_target_case("mutant-truncated-v64", 64, 2, 1),
-        ),
-        _entry(
-            "uniform-includes-zero",
-            uniform_includes_zero,
-            lossy=True,
-            mechanism="coin can be exactly 0 (bfloat16) and u <= p/q accepts drafts with p = 0",
-            source="https://github.com/sgl-project/sglang/issues/35771",
-            case=_truncated_target_case("mutant-truncated-v32", 32, 2, 2),
-        ),
-        _entry(
-            "uniform-hard-coded-zero",
-            uniform_hard_coded_zero,
-            lossy=True,
-            mechanism="u = 0 constant: log p(d) > log(0) + log q(d) accepts every draft with p > 0",
-            source="https://github.com/vllm-project/vllm-ascend/issues/13730",
-            case=_dense_case("mutant-dense-v16", 16, 2, 3),
-        ),
-        _entry(
-            "residual-zeroes-rejected-token",
-            residual_zeroes_rejected_token,
-            lossy=True,
-            mechanism="after a rejection samples p with only p(d) zeroed, not norm(max(0, p - q))",
-            source="https://github.com/SafeAILab/EAGLE/issues/20",
-            case=_dense_case("mutant-dense-v8", 8, 2, 4),
-        ),
-        _entry(
-            "residual-nan-when-p-equals-q",
-            residual_nan_when_p_equals_q,
-            lossy=True,
-            mechanism="coin in (0, 1] rejects at p == q, where the unguarded residual is 0/0",
-            source="https://github.com/jaymody/speculative-sampling/issues/5",
-            case=_equal_rows_case("mutant-p-equals-q-v16", 16, 2, 5),
-        ),
-        _entry(
-            "draft-chosen-greedily",
-            draft_chosen_greedily,
-            lossy=True,
-            mechanism="draft is argmax q but the ratio divides by the softmax q",
-            source="https://github.com/huggingface/transformers/issues/32867",
-            case=_dense_case("mutant-dense-v16-b", 16, 2, 6),
-        ),
-        _entry(
-            "draft-from-top-k-logits",
-            draft_from_top_k_logits,
-            lossy=True,
-            mechanism="draft sampled from top-3-processed q while the ratio uses the raw q",
-            source="https://github.com/huggingface/transformers/issues/47932",
-            case=_dense_case("mutant-dense-v32", 32, 2, 7),
-        ),
-        _entry(
-            "target-default-temperature",
-            target_with_default_temperature,
-            lossy=True,
-            mechanism="target law computed at temperature 1.0 instead of the request's 0.7",
-            source="https://github.com/vllm-project/vllm/pull/10198",
-            case=_dense_case("mutant-dense-v16-c", 16, 2, 8),
-        ),
-        _entry(
-            "replacement-from-next-row",
-            replacement_from_next_row,
-            lossy=True,
-            mechanism="replacement token after rejecting d_i drawn from p_{i+1}, not the residual",
-            source="https://github.com/openvinotoolkit/openvino.genai/issues/4190",
-            case=_dense_case("mutant-dense-v16-d", 16, 2, 9),
-        ),
-        _entry(
-            "padded-vocab-not-truncated",
-            padded_vocab_not_truncated,
-            lossy=True,
-            mechanism="vocabulary padded to a multiple of 64 keeps mass: ids >= V are emitted",
-            source="https://github.com/vllm-project/vllm/security/advisories/GHSA-8wr5-jm2h-8r4f",
-            case=_dense_case("mutant-dense-v50", 50, 2, 10),
-        ),
-        _entry(
-            "padded-draft-id-used-as-index",
-            padded_draft_id_used_as_index,
-            lossy=True,
-            mechanism="padded draft id -1 indexes token V-1 and is accepted into the output",
-            source="https://github.com/flashinfer-ai/flashinfer/issues/879",
-            case=_dense_case("mutant-dense-v16-e", 16, 2, 11),
-        ),
-        _entry(
-            "shared-random-stream",
-            shared_random_stream,
-            lossy=True,
-            mechanism="one random stream for every request of a batch: identical rows agree",
-            source="https://github.com/NVIDIA/TensorRT-LLM/issues/19487",
-            case=_dense_case("mutant-dense-v16-f", 16, 2, 12),
-        ),
-        _entry(
-            "draft-sampled-in-bfloat16",
-            draft_sampled_in_bfloat16,
-            lossy=True,
-            mechanism="draft sampled from bfloat16 logits while the ratio uses the float32 q",
-            source="https://github.com/deepseek-ai/DeepSpec/issues/31",
-            case=_dense_case("mutant-dense-v32-b", 32, 2, 13, near=0.3),
-        ),
-        _entry(
-            "match-count-accepts-all",
-            match_count_accepts_all,
-            lossy=True,
-            mechanism="n_matches = (~is_accepted.cumsum() < 1).sum() keeps every draft",
-            source="https://github.com/huggingface/transformers/pull/28508",
-            case=_dense_case("mutant-dense-v16-g", 16, 2, 14),
-        ),
-        _entry(
-            "block-verification-wrong-residual",
-            block_verification_wrong_residual,
-            lossy=True,
-            mechanism="block acceptance, but the token-level residual max(0, p - q), not w p - q",
-            source="https://github.com/vllm-project/vllm-ascend/issues/7807",
-            case=_block_residual_case("mutant-block-residual-v3"),
-        ),
-        _entry(
-            "greedy-ties-to-highest",
-            greedy_ties_to_highest,
-            greedy=True,
-            lossy=True,
-            mechanism="argmax ties broken towards the highest index, greedy decoding takes lowest",
-            source="https://github.com/ohdearquant/lattice/issues/280",
-            case=_greedy_case("mutant-greedy-ties-v8", 8, 3, 15, ties=True),
-        ),
-        _entry(
-            "greedy-no-bonus-token",
-            greedy_no_bonus_token,
-            greedy=True,
-            lossy=True,
-            mechanism="no bonus token when all k drafts match the target's argmax",
-            source="https://github.com/ohdearquant/lattice/pull/509",
-            case=_greedy_case("mutant-greedy-v50", 50, 2, 16, ties=False),
-        ),
-        _entry(
-            "greedy-first-draft-unverified",
-            greedy_first_draft_unverified,
-            greedy=True,
-            lossy=True,
-            mechanism="first draft committed without comparing it with the target's argmax",
-            source="https://github.com/ohdearquant/lattice/issues/243",
-            case=_greedy_case("mutant-greedy-v50-b", 50, 2, 17, ties=False),
-        ),
-        _entry(
-            "sample-and-match",
-            sample_and_match,
-            lossy=False,
-            mechanism="x ~ p, accept iff x == d: lossless, acceptance sum p q (SUBOPTIMAL)",
-            source="https://github.com/ml-explore/mlx-lm/pull/1709",
-            case=_dense_case("control-dense-v16", 16, 2, 18),
-        ),
-        _entry(
-            "gumbel-max-residual",
-            gumbel_max_residual,
-            lossy=False,
-            mechanism="correction by exponential race argmax r / Exp(1): exact sample of norm(r)",
-            source="https://github.com/vllm-project/vllm/pull/41258",
-            case=_dense_case("control-dense-v32", 32, 2, 19),
-        ),
-        _entry(
-            "log-space-acceptance",
-            log_space_acceptance,
-            lossy=False,
-            mechanism="log u < log p(d) - log q(d) with u in (0, 1): the same test in log space",
-            source="https://github.com/vllm-project/vllm-ascend/issues/13730",
-            case=_truncated_target_case("control-truncated-v32", 32, 2, 20),
-        ),
-        _entry(
-            "unnormalised-residual-multinomial",
-            unnormalised_residual_multinomial,
-            lossy=False,
-            mechanism="torch.multinomial normalises max(0, p - q) itself: same law",
-            source="https://github.com/vllm-project/vllm/pull/2336",
-            case=_dense_case("control-dense-v16-b", 16, 2, 21),
-        ),
-        _entry(
-            "block-verification",
-            verify_block,
-            lossy=False,
-            mechanism="block verification (Sun et al. 2024, Alg. 2): lossless, accepts more later",
-            source="https://github.com/sgl-project/sglang/pull/36516",
-            case=_dense_case("control-dense-v8-k3", 8, 3, 24, near=0.9),
-        ),
-    ]
-    # The tree mutants (tree_mutants.TREE_ZOO) join the zoo; a stable sort keeps every lossy
-    # entry before every control.
-    entries += [_tree_entry(spec) for spec in TREE_ZOO]
-    entries.sort(key=lambda entry: not entry.lossy)
-    zoo = {entry.name: entry for entry in entries}
-    if len(zoo) != len(entries):
-        raise RuntimeError("mutant names must be unique")
-    return zoo
-
-
-MUTANTS: Mapping[str, Mutant] = _build_zoo()
-"""Every mutant by name: the lossy ones first, then the lossless controls."""
-
-
-PRECISION_MUTANTS: Mapping[str, Mutant] = {
-    entry.name: entry
-    for entry in (
-        _entry(
-            "laws-from-float16-logits",
-            laws_from_float16_logits,
-            lossy=True,
-            mechanism="ratio p/q in float16 from float16 logits (max 20): TV 0.001-0.003 per row",
-            source="issue 13 item 5 (synthetic precision mutant, not a reported bug)",
-            case=_dense_case("precision-dense-v32-k3", 32, 3, 25),
-        ),
-        _entry(
-            "laws-from-offset-float16-logits",
-            laws_from_offset_float16_logits,
-            lossy=True,
-            mechanism="ratio p/q in float16 from float16 logits (max 80): TV 0.004-0.013 per row",
-            source="issue 13 item 5 (synthetic precision mutant, not a reported bug)",
-            case=_dense_case("precision-dense-v32-k3", 32, 3, 25),
-        ),
-    )
-}
+PRECISION_ZOO: tuple[Mutant, ...] = (
+    _entry(
+        "laws-from-float16-logits",
+        laws_from_float16_logits,
+        lossy=True,
+        mechanism="ratio p/q in float16 from float16 logits (max 20): TV 0.001-0.003 per row",
+        source="issue 13 item 5 (synthetic precision mutant, not a reported bug)",
+        case=functools.partial(_dense_case, "precision-dense-v32-k3", 32, 3, 25),
+    ),
+    _entry(
+        "laws-from-offset-float16-logits",
+        laws_from_offset_float16_logits,
+        lossy=True,
+        mechanism="ratio p/q in float16 from float16 logits (max 80): TV 0.004-0.013 per row",
+        source="issue 13 item 5 (synthetic precision mutant, not a reported bug)",
+        case=functools.partial(_dense_case, "precision-dense-v32-k3", 32, 3, 25),
+    ),
+)
 """Lossy mutants whose deviation lies below every single law test's reach at the default
-design (issue 13, item 5): kept out of :data:`MUTANTS`, whose lossy entries the default audit
+design (issue 13, item 5): kept out of :data:`CHAIN_ZOO`, whose lossy entries the default audit
 must each catch, until the run-level uniformity check (:mod:`losslessness.checks.pvalues`) is
-part of the run. ``mutant/<name>`` resolves them too."""
-
-
-def mutant(name: str) -> Mutant:
-    """The mutant called ``name`` (with or without the ``mutant/`` prefix).
-
-    Raises:
-        AdapterNotFound: no mutant has that name; the message lists the known ones.
-    """
-    key = name.removeprefix(MUTANT_PREFIX)
-    if key in PRECISION_MUTANTS:
-        return PRECISION_MUTANTS[key]
-    if key not in MUTANTS:
-        raise AdapterNotFound(f"{name!r}: no such mutant; known mutants: {', '.join(MUTANTS)}")
-    return MUTANTS[key]
+part of the run. ``mutant/<name>`` resolves them too
+(:data:`losslessness.zoo.registry.PRECISION_MUTANTS`)."""

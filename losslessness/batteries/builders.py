@@ -1,0 +1,115 @@
+"""Steps shared by every case builder: the batteries' and the mutant zoo's.
+
+Each builder draws from its own seeded :class:`numpy.random.Generator` and turns rows into
+the float64 tensors of :mod:`losslessness.cases` with the functions here, so that a case, and
+its hash, is the same on every machine and no two builders normalise rows differently.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+def normalise(rows: np.ndarray) -> np.ndarray:
+    """``rows`` divided by their sums over the last axis.
+
+    Args:
+        rows: ``[..., V]`` float rows with positive sums.
+
+    Returns:
+        An array of the same shape whose rows sum to 1 (float64 for float64 input).
+    """
+    normalised: np.ndarray = rows / rows.sum(axis=-1, keepdims=True)
+    return normalised
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    """The softmax of one row of logits, shifted by its maximum (no overflow).
+
+    Args:
+        logits: ``[V]`` float64 finite logits.
+
+    Returns:
+        ``[V]`` float64 probabilities summing to 1.
+    """
+    shifted = np.exp(logits - logits.max())
+    normalised: np.ndarray = shifted / shifted.sum()
+    return normalised
+
+
+def mix(p: np.ndarray, other: np.ndarray, weight: float) -> np.ndarray:
+    """``(1 - weight) p + weight other``: a draft row ``weight`` of the way from p to ``other``.
+
+    Args:
+        p, other: ``[V]`` float64 rows. weight: in [0, 1].
+    """
+    return (1.0 - weight) * p + weight * other
+
+
+def dirichlet_rows(
+    rng: np.random.Generator, count: int, vocab: int, concentration: float
+) -> np.ndarray:
+    """``[count, V]`` float64 rows drawn from a symmetric Dirichlet(``concentration``).
+
+    Args:
+        rng: the builder's generator (advanced by the draw).
+        count: rows. vocab: V. concentration: the Dirichlet parameter of every token.
+    """
+    rows: np.ndarray = rng.dirichlet(np.full(vocab, concentration), size=count)
+    return rows
+
+
+def probs_tensor(rows: list[np.ndarray] | np.ndarray) -> torch.Tensor:
+    """Rows as a normalised float64 tensor.
+
+    Args:
+        rows: ``R`` rows of length V (a list of ``[V]`` arrays or an ``[R, V]`` array), each
+            with a positive sum.
+
+    Returns:
+        ``[R, V]`` float64 tensor, each row divided by its sum.
+    """
+    return torch.from_numpy(normalise(np.array(rows, dtype=np.float64)))
+
+
+def markov_tables(
+    rng: np.random.Generator, vocab: int, depth: int, closeness: float, zeros: int = 0
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A root p and q and Markov tables for a tree case: p Dirichlet(1), q a mixture of p and
+    an independent Dirichlet(1) with weight ``1 - closeness``.
+
+    Args:
+        rng: the builder's generator (advanced by the draws).
+        vocab: V. depth: the tree's depth D.
+        closeness: weight of p in q (1: q equals p).
+        zeros: cells of every p row set to 0 (q keeps them positive), then p renormalised.
+
+    Returns:
+        ``(root_p [V], root_q [V], target [D, V, V], draft [D, V, V])`` float64 tensors.
+    """
+    shape = (depth + 1, vocab, vocab)
+    p = rng.dirichlet(np.ones(vocab), size=shape[:2])
+    other = rng.dirichlet(np.ones(vocab), size=shape[:2])
+    q = normalise(closeness * p + (1 - closeness) * other)
+    if zeros:
+        for index in np.ndindex(*shape[:2]):
+            p[index][rng.choice(vocab, size=zeros, replace=False)] = 0.0
+        p = normalise(p)
+    as_tensor = torch.from_numpy
+    return (as_tensor(p[0, 0]).clone(), as_tensor(q[0, 0]).clone(),
+            as_tensor(p[1:]).clone(), as_tensor(q[1:]).clone())
+
+
+def tree_depth(parents: tuple[int, ...]) -> int:
+    """Depth of the deepest node of a tree given as parents (node j+1's parent is
+    ``parents[j]``, node 0 is the root): 0 for an empty tree."""
+    depths = [0]
+    for parent in parents:
+        depths.append(depths[parent] + 1)
+    return max(depths)
+
+
+def batched_parents(parents: tuple[int, ...], batch: int) -> torch.Tensor:
+    """``[B, N]`` int64: the same tree's parents for every tree of a batch."""
+    return torch.tensor(parents, dtype=torch.int64).expand(batch, -1).contiguous()

@@ -1,0 +1,79 @@
+"""One entry of the mutant zoo: a verifier with its protocol, mechanism, source and case."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from losslessness.adapters.base import Adapter
+from losslessness.adapters.target import PROTOCOLS
+from losslessness.cases import ChainCase, GreedyCase, GreedyTreeCase, TreeCase
+from losslessness.protocol import ChainVerifier, GreedyTreeVerifier, GreedyVerifier, TreeVerifier
+
+MUTANT_PREFIX = "mutant/"
+"""Target names starting with this resolve to a mutant (``mutant/<name>``)."""
+
+ZooCase = ChainCase | GreedyCase | TreeCase | GreedyTreeCase
+"""A case on which a mutant's mechanism acts, in the mutant's protocol."""
+
+ZooVerifier = ChainVerifier | GreedyVerifier | TreeVerifier | GreedyTreeVerifier
+"""A mutant's verifier, in one of the protocols of :mod:`losslessness.protocol`."""
+
+
+@dataclass(frozen=True)
+class Mutant:
+    """One entry of the zoo. Its case and adapter are built on first use (cached), so listing
+    or importing the zoo builds no case.
+
+    Attributes:
+        name: kebab-case, unique (``residual-clamped-1e-5``; tree entries ``tree-<name>``).
+        verifier: the verifier function, in ``protocol``.
+        protocol: ``chain``, ``greedy``, ``tree`` or ``greedy-tree``
+            (:data:`losslessness.adapters.target.PROTOCOLS`).
+        lossy: False for the lossless controls.
+        mechanism: one line: what is wrong (for a control: why it is still lossless).
+        source: URL of the bug report, PR, issue or code the mechanism comes from.
+        build_case: builds :attr:`case` (deterministic: the same tensors on every machine).
+
+    Raises:
+        ValueError: naming ``protocol``, when it is not one of the four.
+    """
+
+    name: str
+    verifier: ZooVerifier
+    protocol: str
+    lossy: bool
+    mechanism: str
+    source: str
+    build_case: Callable[[], ZooCase] = field(repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.protocol not in PROTOCOLS:
+            raise ValueError(
+                f"protocol: must be one of {', '.join(PROTOCOLS)}, got {self.protocol!r}"
+            )
+
+    @functools.cached_property
+    def case(self) -> ZooCase:
+        """One case, typical of real use, where the mechanism acts (for a lossy mutant its
+        law, acceptance or output differs from the reference there)."""
+        return self.build_case()
+
+    @functools.cached_property
+    def adapter(self) -> Adapter:
+        """The :class:`~losslessness.adapters.base.Adapter` named ``mutant/<name>``, with the
+        verifier in its protocol's slot; its description gives the kind, protocol, mechanism
+        and source."""
+        kind = "lossless control" if not self.lossy else "lossy mutant"
+        protocol = self.protocol.replace("-", " ")
+        return Adapter(
+            name=MUTANT_PREFIX + self.name,
+            description=f"{kind} ({protocol} protocol): {self.mechanism} [{self.source}]",
+            chain=self.verifier if self.protocol == "chain" else None,  # type: ignore[arg-type]
+            greedy=self.verifier if self.protocol == "greedy" else None,  # type: ignore[arg-type]
+            tree=self.verifier if self.protocol == "tree" else None,  # type: ignore[arg-type]
+            greedy_tree=(
+                self.verifier if self.protocol == "greedy-tree" else None  # type: ignore[arg-type]
+            ),
+        )
