@@ -8,8 +8,8 @@ A run is a fixed grid of *units*, the same however the run is split into shards:
   chunks of at most ``config.chunk_steps`` steps (one chunk when it is None, as in the audit);
 - ``greedy``: one greedy case on one target (exact, deterministic);
 - ``tree``: one tree case of the tree battery on one target's tree verifier: its trees (the CI
-  plan's, :func:`losslessness.checks.tree.tree_steps`, times the budget) and every tree check,
-  run in the unit (no count table: the checks' results are the unit's record);
+  plan's, :func:`losslessness.checks.tree_assertions.tree_steps`, times the budget) and every
+  tree check, run in the unit (no count table: the checks' results are the unit's record);
 - ``greedy-tree``: one greedy tree case on one target (exact, deterministic);
 - ``end-to-end``: one end-to-end engine of one target (the sequence-law checks);
 - ``device``: the coupling and precision checks on the run's device;
@@ -61,7 +61,7 @@ from losslessness.checks.ids import (
     TREE_CHECK_IDS,
     TREE_GREEDY_CHECK_ID,
 )
-from losslessness.checks.tree import tree_assertions, tree_steps
+from losslessness.checks.tree_assertions import tree_assertions, tree_steps
 from losslessness.design import RunConfig
 from losslessness.engine.battery import default_chain_battery, default_greedy_battery
 from losslessness.engine.draw import rows_per_call

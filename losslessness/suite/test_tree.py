@@ -3,7 +3,7 @@ tree sampling verifier) and ``--losslessness-tree-greedy`` (a greedy tree verifi
 output structure (a root path of the tree, its tokens, ``-1`` padding), the law of the first
 emitted token at the root and of the token after each reached depth-1 class, and, for greedy
 tree verifiers, greedy decoding along the tree
-(:func:`losslessness.checks.tree.greedy_violation`)."""
+(:func:`losslessness.checks.tree_greedy.greedy_violation`)."""
 
 from __future__ import annotations
 

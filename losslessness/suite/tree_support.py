@@ -22,7 +22,7 @@ from hypothesis import note
 from hypothesis import strategies as st
 
 from losslessness.cases import GreedyTreeCase, TreeCase
-from losslessness.checks.tree import greedy_violation
+from losslessness.checks.tree_greedy import greedy_violation
 from losslessness.protocol import GreedyTreeVerifier, TreeVerifier
 from losslessness.reference.greedy import argmax_lowest_index
 from losslessness.reference.tree import verify_tree_greedy
@@ -356,9 +356,9 @@ def greedy_tree_failure(
     verifier: GreedyTreeVerifier, case: GreedyTreeCase, replay: str
 ) -> str | None:
     """The message for the first tree where ``verifier`` breaks greedy decoding (a token that
-    is not the argmax at its node, a path not in the tree: :func:`losslessness.checks.tree.
-    greedy_violation`) or returns a malformed output, or None. Any duplicate child carrying the
-    argmax is a correct continuation, and stopping early only wastes drafts."""
+    is not the argmax at its node, a path not in the tree: :func:`losslessness.checks.
+    tree_greedy.greedy_violation`) or returns a malformed output, or None. Any duplicate child
+    carrying the argmax is a correct continuation, and stopping early only wastes drafts."""
     logits, parents, ids = case.target_logits, case.parents, case.token_ids
     expected = verify_tree_greedy(logits, parents, ids)
     output = verifier(logits.clone(), parents.clone(), ids.clone())

@@ -29,7 +29,7 @@ from losslessness.adapters.tree_mutants import (
     replacement_rule_on_distinct_drafts,
 )
 from losslessness.cases import GreedyTreeCase, TreeCase
-from losslessness.checks.tree import check_tree_greedy
+from losslessness.checks import check_tree_greedy
 from losslessness.design import AuditConfig
 from losslessness.engine import run_audit
 from losslessness.protocol import InvalidInputError, TreeVerifier

@@ -1,4 +1,4 @@
-"""The tree checks (losslessness.checks.tree): each passes on the reference tree verifier and
+"""The tree checks (``losslessness.checks.tree_*``): each passes on the reference tree verifier and
 fails on a hand-written wrong verifier defined here."""
 
 from __future__ import annotations
@@ -9,15 +9,15 @@ import torch
 
 from losslessness.adapters import tree_mutants
 from losslessness.cases import TreeCase
-from losslessness.checks import tree as tree_checks
-from losslessness.checks.tree import (
+from losslessness.checks import (
     check_tree_acceptance,
     check_tree_greedy,
     check_tree_independence,
     check_tree_law,
     check_tree_structure,
-    tree_assertions,
 )
+from losslessness.checks import tree_assertions as tree_assertions_module
+from losslessness.checks.tree_assertions import tree_assertions
 from losslessness.engine.draw import sample_tree
 from losslessness.engine.tree_battery import default_greedy_tree_battery, default_tree_battery
 from losslessness.protocol import PLACEHOLDER, TreeOutput
@@ -287,8 +287,8 @@ def test_pilot_assertions_are_deterministic_and_cached_by_case_hash() -> None:
     """The assertions a case makes depend on the case alone: two builds of the battery give the
     same classes (the budget is fixed before sampling)."""
     first = tree_assertions(default_tree_battery()[0])
-    tree_checks._ASSERTIONS.clear()
-    tree_checks._PILOTS.clear()
+    tree_assertions_module._ASSERTIONS.clear()
+    tree_assertions_module._PILOTS.clear()
     second = tree_assertions(default_tree_battery()[0])
     assert [(c.depth, c.token, c.statistical) for c in first.classes] == [
         (c.depth, c.token, c.statistical) for c in second.classes

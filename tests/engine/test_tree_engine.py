@@ -12,7 +12,7 @@ import torch
 from click.testing import CliRunner
 
 from losslessness.adapters import resolve_adapter
-from losslessness.checks.tree import tree_assertions, tree_steps
+from losslessness.checks.tree_assertions import tree_assertions, tree_steps
 from losslessness.cli import main
 from losslessness.design import RunConfig
 from losslessness.engine.plan import MIN_STEPS, PlanRecord, plan_run
