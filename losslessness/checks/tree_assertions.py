@@ -60,8 +60,9 @@ class NodeClass:
         token: the nodes' token (:data:`ROOT` for the root).
         p: ``[V]`` float64, the target law of the next token at these nodes.
         reach: share of the pilot's steps whose accepted path reached the class.
-        statistical: the class gets an identity test (reach >= :data:`REACH_FLOOR` and p has
-            two or more positive cells).
+        statistical: the class gets an identity test (in the audit's design, reach >=
+            :data:`REACH_FLOOR` and p has two or more positive cells; a caller naming its
+            own classes to :func:`~losslessness.checks.tree_law.check_tree_law` sets it).
     """
 
     depth: int

@@ -6,6 +6,7 @@ verify_tree_greedy`.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import numpy as np
 
@@ -89,7 +90,9 @@ def check_tree_greedy(
         context: the case's context.
 
     Returns:
-        One exact ``tree.greedy`` result: LOSSY with the first bad row, SUBOPTIMAL, or PASS.
+        One exact ``tree.greedy`` result: LOSSY with the first bad row, SUBOPTIMAL (the first
+        tree that stopped early), or PASS; when not PASS, ``details["first_row"]`` holds that
+        tree's index, the reason, what it returned and what greedy tree verification gives.
 
     Raises:
         ValueError: naming ``tokens`` or ``accepted_nodes``, when a shape is not the
@@ -111,6 +114,7 @@ def check_tree_greedy(
     slow = [b for b, (kind, _) in enumerate(found) if kind == "suboptimal"]
     batch = case.batch_size
     verdict, message, bad = Verdict.PASS, f"all {batch} trees follow greedy decoding", 0
+    details: dict[str, Any] = {}
     for rows, name, outcome in ((slow, "stop early", Verdict.SUBOPTIMAL),
                                 (lossy, "break greedy decoding", Verdict.LOSSY)):
         if rows:
@@ -123,6 +127,14 @@ def check_tree_greedy(
                 f"verification gives nodes {expected.accepted_nodes[b].tolist()} tokens "
                 f"{expected.tokens[b].tolist()}"
             )
+            details["first_row"] = {
+                "tree": b,
+                "reason": found[b][1],
+                "accepted_nodes": accepted_nodes[b].tolist(),
+                "tokens": tokens[b].tolist(),
+                "greedy_accepted_nodes": expected.accepted_nodes[b].tolist(),
+                "greedy_tokens": expected.tokens[b].tolist(),
+            }
     return context.result(
         TREE_GREEDY_CHECK_ID,
         kind=CheckKind.EXACT,
@@ -133,4 +145,5 @@ def check_tree_greedy(
         min_detectable_tv=exact_check_minimum_detectable_rate(batch, context.power),
         wall_time_s=time.perf_counter() - began,
         message=message,
+        details=details,
     )

@@ -8,13 +8,15 @@ a node, the next emitted token (an accepted child's token or the final token) fo
 node, for every lossless tree verifier (Miao et al. 2024, SpecInfer, Thm. 4.2; Jeon et al.
 2024, Thm. 3.1): one identity test per tested class (Cressie-Read,
 :func:`losslessness.stats.identity_test`, at the per-assertion level), and for every other
-class an exact part: a token with p = 0 is never emitted. The tested classes are those the pilot
-reaches often enough (:func:`~losslessness.checks.tree_assertions.tree_assertions`).
+class an exact part: a token with p = 0 is never emitted. The audit tests the classes its pilot
+reaches often enough (:func:`~losslessness.checks.tree_assertions.tree_assertions`); a caller
+with its own design (the property suite) names its classes.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -36,16 +38,28 @@ from losslessness.stats import (
 )
 
 
-def check_tree_law(samples: TreeSamples, context: CheckContext) -> list[CheckResult]:
-    """Identity-test the next emitted token at every class of reached nodes against its p.
+def check_tree_law(
+    samples: TreeSamples, context: CheckContext, classes: Sequence[NodeClass] | None = None
+) -> list[CheckResult]:
+    """Identity-test the next emitted token at every tested class of reached nodes against its
+    p, and check every other reached class exactly.
+
+    Args:
+        samples: the case's trees and outputs (rows that are not well formed are left to
+            :func:`~losslessness.checks.tree_structure.check_tree_structure`).
+        context: the case's context (per-assertion level, power, seed).
+        classes: the classes to identity-test, in the order of the results; None tests the
+            statistical classes of :func:`~losslessness.checks.tree_assertions.tree_assertions`
+            (the audit's design).
 
     Returns:
-        One statistical ``tree.law`` result per class of :func:`tree_assertions` that gets an
-        identity test (position = the class's depth, ``details`` its token), and one exact
-        ``tree.law`` result over every other class (no token with p = 0 emitted).
+        One statistical ``tree.law`` result per tested class (position = the class's depth,
+        ``details`` its token), then one exact ``tree.law`` result over every other reached
+        class (no token with p = 0 emitted).
     """
     case = samples.case
-    assertions = tree_assertions(case)
+    if classes is None:
+        classes = [c for c in tree_assertions(case).classes if c.statistical]
     rows = well_formed_rows(samples)
     _, depth, token, emitted = visited_classes(
         samples.token_ids[rows], samples.tokens[rows], samples.accepted_nodes[rows],
@@ -54,9 +68,7 @@ def check_tree_law(samples: TreeSamples, context: CheckContext) -> list[CheckRes
     vocab = case.vocab_size
     results = []
     tested: set[tuple[int, int]] = set()
-    for node_class in assertions.classes:
-        if not node_class.statistical:
-            continue
+    for node_class in classes:
         began = time.perf_counter()
         tested.add((node_class.depth, node_class.token))
         chosen = emitted[(depth == node_class.depth) & (token == node_class.token)]
