@@ -77,7 +77,8 @@ from benchmarks.tree_peers import (
     sglang_structural,
 )
 from losslessness.cases import GreedyTreeCase, TreeCase
-from losslessness.checks.tree import check_tree_greedy, run_tree_checks, tree_assertions
+from losslessness.checks import check_tree_greedy, run_tree_checks
+from losslessness.checks.tree_assertions import tree_assertions
 from losslessness.engine.draw import (
     ProtocolViolation,
     paired_steps,
@@ -418,7 +419,7 @@ METHOD_DESCRIPTIONS = {
         "rate 1e-3 split Bonferroni over the case's statistical assertions. Greedy: exact "
         "agreement with greedy decoding along every tree (`check_tree_greedy`; SUBOPTIMAL, "
         "fewer accepted tokens, is not a loss).",
-        "this project (`losslessness/checks/tree.py`)",
+        "this project (`losslessness/checks/tree_*.py`)",
     ),
     "sglang-structural": (
         "Two hand-built trees (V = 20), one-hot targets (softmax of logits 1 and 10 at "

@@ -1,6 +1,8 @@
 """The checks: one module per property (structure, conditional laws, acceptance, independence
 of identical rows, greedy, the end-to-end sequence law, coupling with the CPU reference,
-precision diagnostics).
+precision diagnostics), and for tree verifiers one ``tree_*`` module per property beside them
+(``tree_structure``, ``tree_law``, ``tree_acceptance``, ``tree_independence``, ``tree_greedy``;
+which assertions a case makes in ``assertions`` and ``tree_assertions``).
 
 Checks are pure: samples (output rows, count tables expanded to samples, generated sequences)
 and the case's exact laws in, typed :class:`~losslessness.results.CheckResult` records out.
@@ -31,9 +33,14 @@ from losslessness.checks.sequence_law import (
     check_sequence_law,
 )
 from losslessness.checks.structure import check_structure, malformed_output_result
+from losslessness.checks.tree_acceptance import check_tree_acceptance
+from losslessness.checks.tree_greedy import check_tree_greedy
+from losslessness.checks.tree_independence import check_tree_independence
+from losslessness.checks.tree_law import check_tree_law
+from losslessness.checks.tree_structure import check_tree_structure
 from losslessness.reference.block import BLOCK_VERIFICATION, TOKEN_VERIFICATION
 from losslessness.results import CheckContext, CheckResult
-from losslessness.samples import ChainSamples
+from losslessness.samples import ChainSamples, TreeSamples
 
 
 def run_chain_checks(
@@ -57,6 +64,16 @@ def run_chain_checks(
     ]
 
 
+def run_tree_checks(samples: TreeSamples, context: CheckContext) -> list[CheckResult]:
+    """Every tree check on one case's samples: structure, law, acceptance, independence."""
+    return [
+        check_tree_structure(samples, context),
+        *check_tree_law(samples, context),
+        *check_tree_acceptance(samples, context),
+        *check_tree_independence(samples, context),
+    ]
+
+
 __all__ = [
     "ALL_CHECK_IDS",
     "CHAIN_CHECK_IDS",
@@ -76,7 +93,13 @@ __all__ = [
     "check_row_independence",
     "check_sequence_law",
     "check_structure",
+    "check_tree_acceptance",
+    "check_tree_greedy",
+    "check_tree_independence",
+    "check_tree_law",
+    "check_tree_structure",
     "count_statistical_assertions",
     "malformed_output_result",
     "run_chain_checks",
+    "run_tree_checks",
 ]

@@ -25,6 +25,7 @@ import math
 import numpy as np
 
 from losslessness.cases import TreeCase
+from losslessness.checks.assertions import RATE_TOLERANCE
 from losslessness.checks.ids import (
     TREE_ACCEPTANCE_CHECK_ID,
     TREE_INDEPENDENCE_CHECK_ID,
@@ -37,15 +38,8 @@ from losslessness.checks.sequential import (
     pair_state,
     update_pairs,
 )
-from losslessness.checks.tree import (
-    RATE_TOLERANCE,
-    ROOT,
-    _well_formed,
-    check_tree_structure,
-    class_p,
-    tree_assertions,
-    visited_classes,
-)
+from losslessness.checks.tree_assertions import ROOT, class_p, tree_assertions, visited_classes
+from losslessness.checks.tree_structure import check_tree_structure, well_formed_rows
 from losslessness.results import CheckContext, SequentialEvidence, Verdict
 from losslessness.samples import TreeSamples
 from losslessness.stats import pooling_partition
@@ -121,7 +115,7 @@ class TreeMonitor:
                        f"{structure.message}", exact=True)
             return True
         case = samples.case
-        rows = _well_formed(samples)
+        rows = well_formed_rows(samples)
         _, depth, token, emitted = visited_classes(
             samples.token_ids[rows], samples.tokens[rows], samples.accepted_nodes[rows],
             case.depths.numpy(),

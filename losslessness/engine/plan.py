@@ -9,8 +9,9 @@ A run is a fixed grid of *units*, the same however the run is split into shards:
   audit);
 - ``greedy``: one greedy case on one target (exact, deterministic);
 - ``tree``: one tree case of the tree battery on one target's tree verifier: its trees (the CI
-  plan's, :func:`losslessness.checks.tree.tree_steps`, times the step multiplier) and every tree
-  check, run in the unit (no count table: the checks' results are the unit's record);
+  plan's, :func:`losslessness.checks.tree_assertions.tree_steps`, times the step multiplier)
+  and every tree check, run in the unit (no count table: the checks' results are the unit's
+  record);
 - ``greedy-tree``: one greedy tree case on one target (exact, deterministic);
 - ``end-to-end``: one end-to-end engine of one target (the sequence-law checks);
 - ``device``: the coupling and precision checks on the run's device;
@@ -69,7 +70,7 @@ from losslessness.checks.ids import (
     TREE_CHECK_IDS,
     TREE_GREEDY_CHECK_ID,
 )
-from losslessness.checks.tree import tree_assertions, tree_steps
+from losslessness.checks.tree_assertions import tree_assertions, tree_steps
 from losslessness.config import RunConfig
 from losslessness.engine.draw import rows_per_call
 from losslessness.engine.end_to_end import EndToEndPlan, plan_end_to_end

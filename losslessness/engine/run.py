@@ -37,7 +37,7 @@ from losslessness.batteries import (
     default_tree_battery,
 )
 from losslessness.cases import ChainCase
-from losslessness.checks import malformed_output_result, run_chain_checks
+from losslessness.checks import malformed_output_result, run_chain_checks, run_tree_checks
 from losslessness.checks.greedy import check_greedy
 from losslessness.checks.ids import (
     GREEDY_CHECK_ID,
@@ -54,7 +54,7 @@ from losslessness.checks.sequential import (
     evidence_to_json,
     merged_evidence,
 )
-from losslessness.checks.tree import check_tree_greedy, run_tree_checks
+from losslessness.checks.tree_greedy import check_tree_greedy
 from losslessness.checks.tree_sequential import TreeMonitor
 from losslessness.config import RunConfig
 from losslessness.engine.draw import (

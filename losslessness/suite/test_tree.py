@@ -1,9 +1,11 @@
 """Tree verifier properties (issue 11), run on the targets named by ``--losslessness-tree`` (a
 tree sampling verifier) and ``--losslessness-tree-greedy`` (a greedy tree verifier): the
 output structure (a root path of the tree, its tokens, ``-1`` padding), the law of the first
-emitted token at the root and of the token after each reached depth-1 class, and, for greedy
+emitted token at the root and of the token after each reached depth-1 class (no token with
+p = 0 after any reached node), and, for greedy
 tree verifiers, greedy decoding along the tree
-(:func:`losslessness.checks.tree.greedy_violation`)."""
+(:func:`losslessness.checks.tree_greedy.check_tree_greedy`); decided by the engine's sampler and
+tree checks (:mod:`losslessness.suite.tree_support`)."""
 
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ from scipy import stats
 
 from losslessness.adapters.target import resolve_adapter
 from losslessness.cases import GreedyTreeCase, TreeCase
-from losslessness.checks.tree import check_tree_greedy
+from losslessness.checks import check_tree_greedy
 from losslessness.config import AuditConfig
 from losslessness.engine import run_audit
 from losslessness.protocol import InvalidInputError, TreeVerifier

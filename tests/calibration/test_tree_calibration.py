@@ -29,12 +29,12 @@ import torch
 from scipy import stats
 
 from losslessness.batteries import default_tree_battery
+from losslessness.checks import run_tree_checks
 from losslessness.checks.ids import (
     TREE_ACCEPTANCE_CHECK_ID,
     TREE_INDEPENDENCE_CHECK_ID,
     TREE_LAW_CHECK_ID,
 )
-from losslessness.checks.tree import run_tree_checks
 from losslessness.engine.draw import sample_tree
 from losslessness.reference.tree import verify_tree
 from losslessness.results import CheckContext, CheckKind, Verdict

@@ -144,8 +144,8 @@ def test_pairs_of_a_call_are_indexed_within_it() -> None:
 def test_tree_monitor_keys_match_the_results_they_attach_to() -> None:
     """Every assertion the tree monitor follows lands on the result of the same assertion
     (law classes by depth and token, acceptance at depth 1, independence)."""
+    from losslessness.checks import run_tree_checks
     from losslessness.checks.sequential import assertion_key
-    from losslessness.checks.tree import run_tree_checks
 
     case = next(c for c in default_tree_battery() if c.draft_scheme == "iid")
     context = CheckContext("t", case.case_id, case.summary, case.case_hash, 1e-4, 0.9, 0.05, 0)

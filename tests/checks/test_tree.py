@@ -1,4 +1,4 @@
-"""The tree checks (losslessness.checks.tree): each passes on the reference tree verifier and
+"""The tree checks (``losslessness.checks.tree_*``): each passes on the reference tree verifier and
 fails on a hand-written wrong verifier defined here."""
 
 from __future__ import annotations
@@ -9,21 +9,21 @@ import torch
 
 from losslessness.batteries import default_greedy_tree_battery, default_tree_battery
 from losslessness.cases import TreeCase
-from losslessness.checks import tree as tree_checks
-from losslessness.checks.tree import (
+from losslessness.checks import (
     check_tree_acceptance,
     check_tree_greedy,
     check_tree_independence,
     check_tree_law,
     check_tree_structure,
-    tree_assertions,
 )
+from losslessness.checks import tree_assertions as tree_assertions_module
+from losslessness.checks.tree_assertions import tree_assertions
 from losslessness.engine.draw import sample_tree
 from losslessness.protocol import PLACEHOLDER, TreeOutput
 from losslessness.reference import tree_laws as tree_laws_module
 from losslessness.reference.tree import _verify_tree_validated, verify_tree, verify_tree_greedy
 from losslessness.reference.tree_laws import TreeLaws
-from losslessness.results import CheckContext, CheckResult, Verdict
+from losslessness.results import CheckContext, CheckKind, CheckResult, Verdict
 from losslessness.zoo import tree as tree_zoo
 
 ALPHA = 1e-3
@@ -147,6 +147,23 @@ def test_law_passes_on_the_reference_and_is_lossy_for_a_wrong_residual(mode: str
     bad = check_tree_law(sample_tree(_star_iid_verifier(mode), case, 4096, 5),
                          _context(case.case_id))
     assert Verdict.LOSSY in _verdicts(bad)
+
+
+def test_law_tests_the_classes_a_caller_names_in_order_and_the_rest_exactly() -> None:
+    """Given classes (the property suite's design), tree.law identity-tests exactly those, in
+    the order given, and covers every other reached class by the exact part."""
+    case = _case("tree-binary-iid")
+    samples = sample_tree(verify_tree, case, 2048, 4)
+    assertions = tree_assertions(case)
+    named = list(reversed(assertions.classes[:2]))
+    results = check_tree_law(samples, _context(case.case_id), named)
+    statistical = [r for r in results if r.kind is CheckKind.STATISTICAL]
+    assert [(r.details["depth"], r.details["token"]) for r in statistical] == [
+        (c.depth, c.token) for c in named
+    ]
+    exact = [r for r in results if r.details.get("exact_only")]
+    assert len(exact) == 1 and exact[0].details["classes"] >= len(assertions.classes) - 2
+    assert _verdicts(results) == {Verdict.PASS}
 
 
 def test_law_catches_a_zero_mass_token_exactly() -> None:
@@ -281,14 +298,19 @@ def test_greedy_shows_the_first_bad_tree() -> None:
                                _context(case.case_id))
     assert result.verdict is Verdict.LOSSY
     assert "First: tree" in result.message and "greedy tree verification gives" in result.message
+    row = result.details["first_row"]
+    expected = verify_tree_greedy(case.target_logits, case.parents, case.token_ids)
+    assert row["tokens"] == out.tokens[row["tree"]].tolist()
+    assert row["greedy_tokens"] == expected.tokens[row["tree"]].tolist()
+    assert row["reason"] and row["reason"] in result.message
 
 
 def test_pilot_assertions_are_deterministic_and_cached_by_case_hash() -> None:
     """The assertions a case makes depend on the case alone: two builds of the battery give the
     same classes (the budget is fixed before sampling)."""
     first = tree_assertions(default_tree_battery()[0])
-    tree_checks._ASSERTIONS.clear()
-    tree_checks._PILOTS.clear()
+    tree_assertions_module._ASSERTIONS.clear()
+    tree_assertions_module._PILOTS.clear()
     second = tree_assertions(default_tree_battery()[0])
     assert [(c.depth, c.token, c.statistical) for c in first.classes] == [
         (c.depth, c.token, c.statistical) for c in second.classes

@@ -19,7 +19,7 @@ from losslessness.adapters.reference import adapter as reference_adapter
 from losslessness.adapters.toy import MUTANT_TEMPERATURE, adapter, mutant_adapter, toy_models
 from losslessness.batteries import default_chain_battery, default_tree_battery
 from losslessness.checks import count_statistical_assertions
-from losslessness.checks.tree import tree_assertions
+from losslessness.checks.tree_assertions import tree_assertions
 from losslessness.cli import main
 from losslessness.config import AuditConfig
 from losslessness.engine import plan_run, run_audit

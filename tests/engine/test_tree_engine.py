@@ -17,7 +17,7 @@ from losslessness.batteries import (
     default_greedy_tree_battery,
     default_tree_battery,
 )
-from losslessness.checks.tree import tree_assertions, tree_steps
+from losslessness.checks.tree_assertions import tree_assertions, tree_steps
 from losslessness.cli import main
 from losslessness.config import RunConfig
 from losslessness.engine.plan import MIN_STEPS, PlanRecord, plan_run
