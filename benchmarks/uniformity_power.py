@@ -36,7 +36,7 @@ from losslessness.adapters.mutants import MUTANTS, PRECISION_MUTANTS, Mutant
 from losslessness.cases import ChainCase
 from losslessness.checks.pvalues import check_pvalue_uniformity
 from losslessness.design import RunConfig
-from losslessness.engine.run import run_audit
+from losslessness.engine.audit import run_audit
 from losslessness.results import CheckContext, Verdict
 
 

@@ -44,7 +44,9 @@ from losslessness.engine.plan import (
     UnavailableTarget,
     _chain_case_plan,
     _tree_case_plan,
+    load_device_checks,
     plan_run,
+    resolve_targets,
 )
 from losslessness.seeding import derive_seed
 
@@ -506,6 +508,46 @@ def _kept_cases(plan: RunPlan, dropped: Sequence[str]) -> list[str]:
     return [case_id for case_id in dict.fromkeys(every) if case_id not in dropped]
 
 
+def make_budgeted_plan(
+    config: RunConfig, greedy: bool = False, announce: Callable[[str], None] | None = None
+) -> tuple[RunPlan, float | None, str | None]:
+    """:func:`make_plan`, fitted to ``config.time_budget_s`` when set
+    (:func:`plan_within_budget`).
+
+    Raises:
+        ValueError: unknown or repeated target names, or unknown case ids.
+    """
+    adapters, unavailable = resolve_targets(config.targets, greedy=greedy)
+    note = load_device_checks()[1] if config.device_checks else None
+    return plan_within_budget(config, [*adapters, *unavailable], note, announce)
+
+
+def plan_within_budget(
+    config: RunConfig,
+    targets: Sequence[Adapter | UnavailableTarget],
+    device_note: str | None = None,
+    announce: Callable[[str], None] | None = None,
+) -> tuple[RunPlan, float | None, str | None]:
+    """The run's plan; with a time budget, fitted to it first
+    (:func:`losslessness.engine.budget.fit_time_budget`, its claim passed to ``announce``
+    before any sampling).
+
+    Returns:
+        (the plan; the ``time.perf_counter()`` deadline of chain sampling, or None; the
+        budget's claim, or None).
+    """
+    if config.time_budget_s is None:
+        return plan_run(config, targets, device_note), None, None
+    began = time.perf_counter()
+    fit = fit_time_budget(config, targets, device_note)
+    if announce is not None:
+        announce(fit.claim)
+    plan = plan_run(fit.config, targets, device_note)
+    # The budget counts from the end of the warm-up: the fit's own search is inside it.
+    deadline = began + fit.warm_up_s + DEADLINE_FRACTION * config.time_budget_s
+    return plan, deadline, fit.claim
+
+
 __all__ = [
     "CAP_STEP",
     "DEADLINE_FRACTION",
@@ -519,6 +561,8 @@ __all__ = [
     "Throughput",
     "estimate_seconds",
     "fit_time_budget",
+    "make_budgeted_plan",
     "measure_throughput",
+    "plan_within_budget",
     "reached_tvs",
 ]

@@ -32,9 +32,10 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -704,7 +705,38 @@ def plan_run(
     return RunPlan(record, adapters, chain, greedy, e2e_plans, tree, greedy_tree)
 
 
+DEVICE_CHECKS_MODULE = "losslessness.engine.device"
+"""Where the device-check unit's ``run_device_checks`` lives (imported on use: torch CUDA
+and the GPU adapters load there)."""
+
+
+def load_device_checks() -> tuple[Callable[..., Any] | None, str | None]:
+    """``run_device_checks`` of :data:`DEVICE_CHECKS_MODULE`, or None and why it is missing."""
+    try:
+        module = importlib.import_module(DEVICE_CHECKS_MODULE)
+    except ImportError as error:
+        return None, f"{DEVICE_CHECKS_MODULE} does not import: {error}"
+    function = getattr(module, "run_device_checks", None)
+    if function is None:
+        return None, f"{DEVICE_CHECKS_MODULE} has no run_device_checks"
+    checks: Callable[..., Any] = function
+    return checks, None
+
+
+def make_plan(config: RunConfig, greedy: bool = False) -> RunPlan:
+    """Resolve ``config.targets`` (every registered adapter when empty), look for the device
+    checks when the config asks for them, and plan the run.
+
+    Raises:
+        ValueError: unknown or repeated target names, or unknown case ids.
+    """
+    adapters, unavailable = resolve_targets(config.targets, greedy=greedy)
+    note = load_device_checks()[1] if config.device_checks else None
+    return plan_run(config, [*adapters, *unavailable], note)
+
+
 __all__ = [
+    "DEVICE_CHECKS_MODULE",
     "DEVICE_CI_STEPS",
     "MIN_STEPS",
     "PLAN_VERSION",
@@ -717,6 +749,8 @@ __all__ = [
     "UnavailableTarget",
     "Unit",
     "end_to_end_check_ids",
+    "load_device_checks",
+    "make_plan",
     "plan_case",
     "plan_run",
     "resolve_targets",

@@ -25,7 +25,7 @@ from losslessness.engine import (
     run_shard,
     save_shard,
 )
-from losslessness.engine.run import RunResult
+from losslessness.engine.finish import RunResult
 from losslessness.engine.suite import parse_junit
 from losslessness.engine.tables import count_records, merge_tables
 from losslessness.results import TargetVerdict, Verdict
