@@ -27,6 +27,7 @@ attached (:func:`attach_sequential_evidence`).
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -399,12 +400,14 @@ def evidence_to_json(evidence: dict[AssertionKey, SequentialEvidence]) -> list[A
     return [[*key, item.to_json()] for key, item in evidence.items()]
 
 
-def merged_evidence(records: list[list[Any]]) -> dict[AssertionKey, SequentialEvidence]:
-    """The evidence of several monitors of one case (its shards), from their JSON forms: per
-    assertion, a crossing if any crossed, else the largest e-value."""
+def merged_evidence(
+    records: Iterable[dict[AssertionKey, SequentialEvidence]],
+) -> dict[AssertionKey, SequentialEvidence]:
+    """The evidence of several monitors of one case (its shards): per assertion, a crossing if
+    any crossed, else the largest e-value."""
     merged: dict[AssertionKey, SequentialEvidence] = {}
     for record in records:
-        for key, found in evidence_from_json(record).items():
+        for key, found in record.items():
             kept = merged.get(key)
             if kept is None or found.crossed or (
                 not kept.crossed and found.log_e_value > kept.log_e_value

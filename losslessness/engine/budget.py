@@ -42,6 +42,7 @@ from losslessness.engine.plan import (
     RunPlan,
     TreeCasePlan,
     UnavailableTarget,
+    UnitKind,
     _chain_case_plan,
     _tree_case_plan,
     load_device_checks,
@@ -106,7 +107,7 @@ class Throughput:
     """
 
     chain: dict[tuple[str, str], CallCost] = field(default_factory=dict)
-    per_call_s: dict[tuple[str, str, str], float] = field(default_factory=dict)
+    per_call_s: dict[tuple[str, UnitKind, str], float] = field(default_factory=dict)
     per_sequence_s: dict[tuple[str, str], float] = field(default_factory=dict)
     warm_up_s: float = 0.0
     failures: dict[str, str] = field(default_factory=dict)
@@ -160,18 +161,18 @@ def _measure_adapter(
                                                            per_step)
     if adapter.greedy is not None:
         for greedy_case in plan.greedy_cases:
-            measured.per_call_s[(name, "greedy", greedy_case.case_id)] = _timed(
+            measured.per_call_s[(name, UnitKind.GREEDY, greedy_case.case_id)] = _timed(
                 sample_greedy, adapter.greedy, greedy_case, timeout
             )
     if adapter.tree is not None:
         for tree_case in plan.tree_cases:
             seed = derive_seed(config.seed, "warm-up", name, tree_case.case_hash)
-            measured.per_call_s[(name, "tree", tree_case.case_id)] = _timed(
+            measured.per_call_s[(name, UnitKind.TREE, tree_case.case_id)] = _timed(
                 sample_tree, adapter.tree, tree_case, tree_case.batch_size, seed, timeout
             )
     if adapter.greedy_tree is not None:
         for greedy_tree_case in plan.greedy_tree_cases:
-            measured.per_call_s[(name, "greedy-tree", greedy_tree_case.case_id)] = _timed(
+            measured.per_call_s[(name, UnitKind.GREEDY_TREE, greedy_tree_case.case_id)] = _timed(
                 sample_greedy_tree, adapter.greedy_tree, greedy_tree_case, timeout
             )
     for entry in plan.end_to_end.get(name, []):
@@ -257,13 +258,14 @@ def estimate_seconds(
             ]
             mine[case.case_id] = cost.seconds(sizes)
         for tree_case in plan.tree_cases:
-            per_call = measured.per_call_s.get((adapter.name, "tree", tree_case.case_id))
+            per_call = measured.per_call_s.get((adapter.name, UnitKind.TREE, tree_case.case_id))
             if per_call is None or (cases is not None and tree_case.case_id not in cases):
                 continue
             trees = _tree_plan(tree_case, config, plan.record.alpha_split.fixed).n_steps
             mine[tree_case.case_id] = per_call * math.ceil(trees / tree_case.batch_size)
         for (target, kind, case_id), per_call in measured.per_call_s.items():
-            if target == adapter.name and kind != "tree" and (cases is None or case_id in cases):
+            wanted = cases is None or case_id in cases
+            if target == adapter.name and kind is not UnitKind.TREE and wanted:
                 mine[case_id] = per_call
         for entry in plan.end_to_end.get(adapter.name, []):
             per_sequence = measured.per_sequence_s.get((adapter.name, entry.target.name))

@@ -11,14 +11,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from losslessness.cases import ChainCase
-from losslessness.checks.sequential import ChainMonitor, evidence_to_json
+from losslessness.checks.sequential import ChainMonitor
 from losslessness.engine.draw import ChainSampler, ProtocolViolation
-from losslessness.engine.plan import ChainCasePlan, Unit
-from losslessness.engine.shards import UnitRecord
+from losslessness.engine.plan import ChainCasePlan, Unit, UnitKind
+from losslessness.engine.shards import FailureKind, UnitRecord
 from losslessness.engine.state import (
-    INCOMPLETE,
     INTERRUPTED_MESSAGE,
-    STOPPED,
     ShardState,
     check_context,
     record_target_error,
@@ -53,7 +51,8 @@ def _chain_monitor(state: ShardState, unit: Unit, case: ChainCase) -> ChainMonit
     shards = {
         other.index % state.spec.count
         for other in plan.units
-        if other.kind == "chain" and other.target == unit.target and other.case_id == unit.case_id
+        if other.kind is UnitKind.CHAIN
+        and (other.target, other.case_id) == (unit.target, unit.case_id)
     }
     verification = next(how for name, _, how in plan.targets if name == unit.target)
     context = check_context(
@@ -94,10 +93,9 @@ def _finish_chunk(state: ShardState, stream: _ChainStream, stopped: str | None) 
     record.verifier_time_s = samples.verifier_time_s
     record.wall_time_s = stream.chunk_time_s
     if stream.monitor is not None:
-        record.extra["sequential"] = evidence_to_json(stream.monitor.evidence())
+        record.sequential = stream.monitor.evidence()
     if stopped is not None:
-        record.extra["stopped"] = stopped
-        record.extra["planned_steps"] = unit.steps
+        record.stopped, record.planned_steps = stopped, unit.steps
     state.chunks.setdefault((unit.target, unit.case_id), []).append(chunk_table(samples))
     stream.records[unit.index] = record
     stream.sampler, stream.record = None, None
@@ -106,16 +104,16 @@ def _finish_chunk(state: ShardState, stream: _ChainStream, stopped: str | None) 
 
 def _close_stream(state: ShardState, stream: _ChainStream, reason: str) -> None:
     """Stop ``stream`` for ``reason``: its current chunk keeps what it sampled, its later chunks
-    are recorded as not sampled (:data:`STOPPED`)."""
+    are recorded as not sampled (:attr:`FailureKind.STOPPED`)."""
     if stream.sampler is not None:
         if stream.sampler.done:
             _finish_chunk(state, stream, reason)
         else:
             stream.sampler = None
     for unit in stream.units[stream.position:]:
-        record = UnitRecord(unit.index, unit.key, unit.kind, unit.target, unit.case_id, unit.chunk)
-        record.failure_kind, record.failure = STOPPED, f"not sampled: {reason}"
-        stream.records[unit.index] = record
+        stream.records[unit.index] = UnitRecord.of(
+            unit, FailureKind.STOPPED, f"not sampled: {reason}"
+        )
     stream.position = len(stream.units)
     stream.done = True
 
@@ -127,9 +125,7 @@ def _advance_stream(state: ShardState, stream: _ChainStream) -> None:
     if stream.sampler is None:
         adapter = state.plan.adapter(unit.target)
         assert adapter.chain is not None
-        stream.record = UnitRecord(
-            unit.index, unit.key, unit.kind, unit.target, unit.case_id, unit.chunk
-        )
+        stream.record = UnitRecord.of(unit)
         stream.chunk_time_s = 0.0
         stream.sampler = ChainSampler(
             adapter.chain, stream.case, unit.steps, stream.grid.chunk_seed(unit.chunk),
@@ -141,7 +137,8 @@ def _advance_stream(state: ShardState, stream: _ChainStream) -> None:
     try:
         start, m = sampler.step()
     except ProtocolViolation as violation:
-        record.failure_kind, record.failure = "protocol", f"chunk {unit.chunk}: {violation}"
+        record.failure_kind = FailureKind.PROTOCOL
+        record.failure = f"chunk {unit.chunk}: {violation}"
         if config.early_stop:
             state.decided.setdefault(unit.target, f"{unit.case_id}: malformed output")
         _fail_stream(stream, record)
@@ -178,15 +175,14 @@ def _fail_stream(stream: _ChainStream, record: UnitRecord) -> None:
     record.wall_time_s = stream.chunk_time_s
     stream.records[unit.index] = record
     stream.position += 1
-    _abandon(stream, str(record.failure_kind), str(record.failure))
+    assert record.failure_kind is not None
+    _abandon(stream, record.failure_kind, str(record.failure))
 
 
-def _abandon(stream: _ChainStream, kind: str, message: str) -> None:
+def _abandon(stream: _ChainStream, kind: FailureKind, message: str) -> None:
     """Record the stream's unfinished chunks (its current one's samples dropped) as ``kind``."""
     for unit in stream.units[stream.position:]:
-        record = UnitRecord(unit.index, unit.key, unit.kind, unit.target, unit.case_id, unit.chunk)
-        record.failure_kind, record.failure = kind, message
-        stream.records[unit.index] = record
+        stream.records[unit.index] = UnitRecord.of(unit, kind, message)
     stream.sampler, stream.record = None, None
     stream.position = len(stream.units)
     stream.done = True
@@ -241,7 +237,8 @@ def run_chain_units(
                 break
             if target in state.hung:
                 for stream in active:
-                    _abandon(stream, "error", f"skipped: the target hung ({state.hung[target]})")
+                    message = f"skipped: the target hung ({state.hung[target]})"
+                    _abandon(stream, FailureKind.ERROR, message)
                 continue
             if target in state.decided:
                 for stream in active:
@@ -263,10 +260,10 @@ def run_chain_units(
             _close_stream(state, stream, INTERRUPTED_MESSAGE)
             for unit in stream.units:
                 record = stream.records[unit.index]
-                if record.failure_kind == STOPPED:
-                    record.failure_kind = INCOMPLETE
+                if record.failure_kind is FailureKind.STOPPED:
+                    record.failure_kind = FailureKind.INCOMPLETE
                 else:
-                    record.extra["interrupted"] = True
+                    record.interrupted = True
         raise
     finally:
         for stream in streams.values():

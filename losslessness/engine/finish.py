@@ -18,14 +18,17 @@ from losslessness.checks.pvalues import check_pvalue_uniformity
 from losslessness.checks.sequential import attach_sequential_evidence, merged_evidence
 from losslessness.design import RunConfig
 from losslessness.engine.battery import default_chain_battery, default_greedy_battery
-from losslessness.engine.plan import ChainCasePlan, PlanRecord
+from losslessness.engine.plan import ChainCasePlan, PlanRecord, UnitKind
 from losslessness.engine.replay import replay_command
-from losslessness.engine.shards import MergedShards, ShardResult, UnitRecord, merge_shards
+from losslessness.engine.shards import (
+    FailureKind,
+    MergedShards,
+    ShardResult,
+    UnitRecord,
+    merge_shards,
+)
 from losslessness.engine.state import (
-    INCOMPLETE,
     INTERRUPTED_MESSAGE,
-    NOT_APPLICABLE,
-    STOPPED,
     check_context,
 )
 from losslessness.engine.tables import CountTable, expand_table
@@ -111,14 +114,18 @@ def _chain_checks(
         sampling_time_s=sum(u.wall_time_s for u in units),
     )
     failures = sorted(
-        (unit for unit in units if unit.failure_kind not in (None, INCOMPLETE, STOPPED)),
+        (
+            unit
+            for unit in units
+            if unit.failure_kind not in (None, FailureKind.INCOMPLETE, FailureKind.STOPPED)
+        ),
         key=lambda unit: unit.index,
     )
-    protocol = [unit for unit in failures if unit.failure_kind == "protocol"]
+    protocol = [unit for unit in failures if unit.failure_kind is FailureKind.PROTOCOL]
     if protocol:
         return [malformed_output_result(context, protocol[0].failure)]
     selected = [c for c in SAMPLED_CHAIN_CHECK_IDS if plan.config.selects(c)]
-    errors = [unit for unit in failures if unit.failure_kind != NOT_APPLICABLE]
+    errors = [unit for unit in failures if unit.failure_kind is not FailureKind.NOT_APPLICABLE]
     if errors:
         message = str(errors[0].failure)
         return [context.untested(check_id, Verdict.ERROR, message) for check_id in selected]
@@ -126,7 +133,7 @@ def _chain_checks(
         # The target refused the case's shape (NotApplicable): nothing was sampled.
         message = str(failures[0].failure)
         return [context.untested(check_id, Verdict.SKIPPED, message) for check_id in selected]
-    stopped = [unit for unit in units if unit.failure_kind == STOPPED]
+    stopped = [unit for unit in units if unit.failure_kind is FailureKind.STOPPED]
     if (target, case.case_id) not in merged.tables:
         # Interrupted, or stopped (its target decided, the time budget spent), before any
         # chunk of the case was sampled.
@@ -139,7 +146,7 @@ def _chain_checks(
     samples.verifier_time_s = sum(unit.verifier_time_s for unit in units)
     samples.calls = sum(unit.verifier_calls for unit in units)
     results = run_chain_checks(samples, context, verification)
-    reasons = [str(unit.extra["stopped"]) for unit in units if "stopped" in unit.extra]
+    reasons = [unit.stopped for unit in units if unit.stopped is not None]
     reasons += [str(unit.failure) for unit in stopped]
     for result in results:
         result.details.update(
@@ -152,7 +159,7 @@ def _chain_checks(
         )
         if reasons:
             result.details["stopped"] = reasons[0]
-    evidence = merged_evidence([unit.extra.get("sequential", []) for unit in units])
+    evidence = merged_evidence([unit.sequential for unit in units if unit.sequential is not None])
     attach_sequential_evidence(results, evidence, reasons[0] if reasons else None)
     return [result for result in results if plan.config.selects(result.check_id)]
 
@@ -198,15 +205,15 @@ def _pvalues_check(
 
 
 def _stopped_early(
-    groups: dict[tuple[str, str], list[UnitRecord]], verify_steps: int
+    groups: dict[tuple[UnitKind, str], list[UnitRecord]], verify_steps: int
 ) -> str | None:
     """Why a target's chain sampling stopped before its plan, said once for the target."""
     stops = [
-        (case_id, str(unit.extra["stopped"]))
+        (case_id, unit.stopped)
         for (kind, case_id), units in groups.items()
-        if kind in ("chain", "tree")
+        if kind in (UnitKind.CHAIN, UnitKind.TREE)
         for unit in units
-        if "stopped" in unit.extra
+        if unit.stopped is not None
     ]
     reasons = [reason for _, reason in stops]
     lossy = [(case_id, reason) for case_id, reason in stops if reason.startswith("LOSSY: ")]
@@ -241,13 +248,13 @@ def finish_run(shards: Sequence[ShardResult]) -> RunResult:
     plan = merged.plan
     config = plan.config
     cases = _battery_cases(plan)
-    by_target: dict[str, dict[tuple[str, str], list[UnitRecord]]] = {}
+    by_target: dict[str, dict[tuple[UnitKind, str], list[UnitRecord]]] = {}
     device_units: list[UnitRecord] = []
     suite_units: dict[str, UnitRecord] = {}
     for _, unit in sorted(merged.units.items()):
-        if unit.kind == "device":
+        if unit.kind is UnitKind.DEVICE:
             device_units.append(unit)
-        elif unit.kind == "suite":
+        elif unit.kind is UnitKind.SUITE:
             suite_units[unit.target] = unit
         else:
             group = by_target.setdefault(unit.target, {})
@@ -258,10 +265,10 @@ def finish_run(shards: Sequence[ShardResult]) -> RunResult:
         complete = True
         for (kind, case_id), units in by_target.get(name, {}).items():
             complete &= all(
-                unit.failure_kind != INCOMPLETE and not unit.extra.get("interrupted")
+                unit.failure_kind is not FailureKind.INCOMPLETE and not unit.interrupted
                 for unit in units
             )
-            if kind == "chain":
+            if kind is UnitKind.CHAIN:
                 result.checks += _chain_checks(merged, name, cases[case_id], units, verification)
             else:
                 result.checks += [check for unit in units for check in unit.checks]
@@ -286,8 +293,8 @@ def finish_run(shards: Sequence[ShardResult]) -> RunResult:
     for name, unit in suite_units.items():
         if unit.failure_kind is not None:
             verdict = {
-                "unavailable": TargetVerdict.UNAVAILABLE,
-                INCOMPLETE: TargetVerdict.INCOMPLETE,
+                FailureKind.UNAVAILABLE: TargetVerdict.UNAVAILABLE,
+                FailureKind.INCOMPLETE: TargetVerdict.INCOMPLETE,
             }.get(unit.failure_kind, TargetVerdict.ERROR)
             targets.append(
                 TargetResult(
@@ -299,7 +306,7 @@ def finish_run(shards: Sequence[ShardResult]) -> RunResult:
                 )
             )
             continue
-        replay = " ".join(str(part) for part in unit.extra.get("command", [])) or None
+        replay = " ".join(unit.suite_run.command) if unit.suite_run is not None else None
         for check in unit.checks:
             check.replay = replay
         targets.append(
@@ -311,7 +318,7 @@ def finish_run(shards: Sequence[ShardResult]) -> RunResult:
                 wall_time_s=unit.wall_time_s,
             )
         )
-        suite_junit[name] = str(unit.extra.get("junit_xml", ""))
+        suite_junit[name] = unit.suite_run.junit_xml if unit.suite_run is not None else ""
     greedy_callables = {name for name, _, _ in plan.targets if ":" in name}
     for target in targets:
         for check in target.checks:
@@ -349,12 +356,12 @@ def _device_results(units: Sequence[UnitRecord], config: RunConfig) -> list[Targ
                     f"device-checks@{config.device}",
                     "coupling and precision checks",
                     TargetVerdict.INCOMPLETE
-                    if unit.failure_kind == INCOMPLETE
+                    if unit.failure_kind is FailureKind.INCOMPLETE
                     else TargetVerdict.ERROR,
                     error=unit.failure,
                 )
             )
-        for name, reason in unit.extra.get("unavailable", []):
+        for name, reason in unit.unavailable:
             results.append(
                 TargetResult(
                     f"{name}@{config.device}",
@@ -398,14 +405,16 @@ def _summary(merged: MergedShards, audit: AuditResult, merge_time_s: float) -> d
     suites = [
         {
             "target": unit.target,
-            "returncode": unit.extra.get("returncode"),
-            "command": unit.extra.get("command"),
+            "returncode": unit.suite_run.returncode if unit.suite_run is not None else None,
+            "command": unit.suite_run.command if unit.suite_run is not None else None,
             "wall_time_s": unit.wall_time_s,
-            "unavailable": unit.failure if unit.failure_kind == "unavailable" else None,
+            "unavailable": unit.failure
+            if unit.failure_kind is FailureKind.UNAVAILABLE
+            else None,
             "verdicts": [check.verdict.value for check in unit.checks],
         }
         for unit in merged.units.values()
-        if unit.kind == "suite"
+        if unit.kind is UnitKind.SUITE
     ]
     suite_alpha = _suite_alpha() if plan.suite_targets else 0.0
     return {

@@ -15,8 +15,8 @@ A run is a fixed grid of *units*, the same however the run is split into shards:
 - ``device``: the coupling and precision checks on the run's device;
 - ``suite``: the property suite on one target (a pytest subprocess).
 
-Seeds: a chain case's seed is ``derive_seed(run seed, "chain", case hash)`` (the same for every
-target); chunk 0 is sampled from the case seed itself and chunk j >= 1 from
+Seeds: a chain case's seed is ``derive_seed(run seed, UnitKind.CHAIN.value, case hash)`` (the
+same for every target); chunk 0 is sampled from the case seed itself and chunk j >= 1 from
 ``derive_seed(case seed, j)``, so a one-chunk run replays with ``--seed S --case C --steps N``.
 
 The family-wise false-alarm rate is one Bonferroni budget: the device checks get the share of
@@ -31,6 +31,7 @@ own documented rate per target.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import hashlib
 import importlib
 import json
@@ -80,8 +81,23 @@ from losslessness.stats.sequential import SEQUENTIAL_ALPHA_SHARE, AlphaSplit, sp
 PLAN_VERSION = "4"
 """Version of the plan's description; shards of different versions never merge."""
 
-UNIT_KINDS = ("chain", "greedy", "tree", "greedy-tree", "end-to-end", "device", "suite")
-"""Kinds of work unit, in grid order within a target."""
+
+
+class UnitKind(str, enum.Enum):
+    """Kinds of work unit, in grid order within a target (see the module docstring); the values
+    are what plan and shard files hold."""
+
+    CHAIN = "chain"
+    GREEDY = "greedy"
+    TREE = "tree"
+    GREEDY_TREE = "greedy-tree"
+    END_TO_END = "end-to-end"
+    DEVICE = "device"
+    SUITE = "suite"
+
+    def __str__(self) -> str:
+        return self.value
+
 
 DEVICE_CI_STEPS = 20_000
 """Steps per case and row type of the device checks at budget 1."""
@@ -215,7 +231,7 @@ class TreeCasePlan:
         n_steps: the run's trees: ``ceil(ci_steps * budget)`` (``steps`` when the config fixes
             it).
         steps_per_call: trees per verifier call (the case's batch size).
-        seed: the case seed, ``derive_seed(run seed, "tree", case hash)``.
+        seed: the case seed, ``derive_seed(run seed, UnitKind.TREE.value, case hash)``.
     """
 
     case_id: str
@@ -234,7 +250,7 @@ class Unit:
 
     Attributes:
         index: position in the grid; shard ``i/N`` runs the units with ``index % N == i``.
-        kind: one of :data:`UNIT_KINDS`.
+        kind: which work (:class:`UnitKind`).
         target: the target's name (the device for ``device`` units).
         case_id: the battery case (chain, greedy, tree, greedy-tree) or end-to-end engine,
             else empty.
@@ -243,7 +259,7 @@ class Unit:
     """
 
     index: int
-    kind: str
+    kind: UnitKind
     target: str
     case_id: str = ""
     chunk: int = 0
@@ -353,7 +369,9 @@ class PlanRecord:
                 device_steps=int(data["device_steps"]),
                 device_note=data["device_note"],
                 suite_targets=tuple(data["suite_targets"]),
-                units=tuple(Unit(**unit) for unit in data["units"]),
+                units=tuple(
+                    Unit(**{**unit, "kind": UnitKind(unit["kind"])}) for unit in data["units"]
+                ),
                 sequential_share=float(data["sequential_share"]),
                 pvalues_targets=tuple(data["pvalues_targets"]),
             )
@@ -429,15 +447,15 @@ class RunPlan:
         }
         total = 0
         for unit in self.units if units is None else units:
-            if unit.kind == "chain":
+            if unit.kind is UnitKind.CHAIN:
                 total += unit.steps * cases[unit.case_id].n_rows
-            elif unit.kind == "greedy":
+            elif unit.kind is UnitKind.GREEDY:
                 total += greedy[unit.case_id].batch_size
-            elif unit.kind == "tree":
+            elif unit.kind is UnitKind.TREE:
                 total += unit.steps
-            elif unit.kind == "greedy-tree":
+            elif unit.kind is UnitKind.GREEDY_TREE:
                 total += greedy_trees[unit.case_id].batch_size
-            elif unit.kind == "end-to-end":
+            elif unit.kind is UnitKind.END_TO_END:
                 total += e2e[(unit.target, unit.case_id)].planned_runs
         return total
 
@@ -544,7 +562,7 @@ def _tree_case_plan(case: TreeCase, config: RunConfig, alpha: float) -> TreeCase
         capped=capped,
         n_steps=n_steps,
         steps_per_call=case.batch_size,
-        seed=derive_seed(config.seed, "tree", case.case_hash),
+        seed=derive_seed(config.seed, UnitKind.TREE.value, case.case_hash),
     )
 
 
@@ -564,7 +582,7 @@ def _chain_case_plan(case: ChainCase, config: RunConfig, alpha: float) -> ChainC
         n_steps=n_steps,
         chunk_steps=min(config.chunk_steps or n_steps, n_steps),
         steps_per_call=rows_per_call(case),
-        seed=derive_seed(config.seed, "chain", case.case_hash),
+        seed=derive_seed(config.seed, UnitKind.CHAIN.value, case.case_hash),
     )
 
 
@@ -654,7 +672,7 @@ def plan_run(
         suite_targets = [name for name in config.suite_targets if name in names]
     units: list[Unit] = []
 
-    def add(kind: str, target: str, case_id: str = "", chunk: int = 0, steps: int = 0) -> None:
+    def add(kind: UnitKind, target: str, case_id: str = "", chunk: int = 0, steps: int = 0) -> None:
         units.append(Unit(len(units), kind, target, case_id, chunk, steps))
 
     for adapter in adapters:
@@ -662,23 +680,23 @@ def plan_run(
             for case in chain:
                 grid = case_plans[case.case_id]
                 for chunk in range(grid.n_chunks):
-                    add("chain", adapter.name, case.case_id, chunk, grid.chunk_size(chunk))
+                    add(UnitKind.CHAIN, adapter.name, case.case_id, chunk, grid.chunk_size(chunk))
         if adapter.greedy is not None:
             for greedy_case in greedy:
-                add("greedy", adapter.name, greedy_case.case_id)
+                add(UnitKind.GREEDY, adapter.name, greedy_case.case_id)
         if adapter.tree is not None:
             for tree_case in tree:
                 steps = tree_plans[tree_case.case_id].n_steps
-                add("tree", adapter.name, tree_case.case_id, 0, steps)
+                add(UnitKind.TREE, adapter.name, tree_case.case_id, 0, steps)
         if adapter.greedy_tree is not None:
             for greedy_tree_case in greedy_tree:
-                add("greedy-tree", adapter.name, greedy_tree_case.case_id)
+                add(UnitKind.GREEDY_TREE, adapter.name, greedy_tree_case.case_id)
         for entry in e2e_plans.get(adapter.name, []):
-            add("end-to-end", adapter.name, entry.target.name)
+            add(UnitKind.END_TO_END, adapter.name, entry.target.name)
     if with_device:
-        add("device", config.device)
+        add(UnitKind.DEVICE, config.device)
     for name in suite_targets:
-        add("suite", name)
+        add(UnitKind.SUITE, name)
     record = PlanRecord(
         plan_version=PLAN_VERSION,
         config=config,
@@ -740,7 +758,6 @@ __all__ = [
     "DEVICE_CI_STEPS",
     "MIN_STEPS",
     "PLAN_VERSION",
-    "UNIT_KINDS",
     "CasePlan",
     "ChainCasePlan",
     "PlanRecord",
@@ -748,6 +765,7 @@ __all__ = [
     "TreeCasePlan",
     "UnavailableTarget",
     "Unit",
+    "UnitKind",
     "end_to_end_check_ids",
     "load_device_checks",
     "make_plan",

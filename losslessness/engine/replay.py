@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from losslessness.checks.ids import GREEDY_CHECK_ID, PVALUES_CHECK_ID, TREE_GREEDY_CHECK_ID
 from losslessness.engine.plan import PlanRecord
+from losslessness.engine.suite import SUITE_CHECK_ID
 from losslessness.results import CheckResult
 
 
@@ -21,7 +22,7 @@ def replay_command(plan: PlanRecord, check: CheckResult, greedy: bool = False) -
     config = plan.config
     grid = plan.chain_cases.get(check.case_id)
     if (
-        check.check_id in ("coupling", "two-sample", "precision", "suite", PVALUES_CHECK_ID)
+        check.check_id in ("coupling", "two-sample", "precision", SUITE_CHECK_ID, PVALUES_CHECK_ID)
         or "@" in check.target
     ):
         return None

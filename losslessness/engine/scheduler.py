@@ -9,10 +9,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from losslessness.engine.chains import run_chain_units
-from losslessness.engine.plan import RunPlan
-from losslessness.engine.shards import ShardResult, ShardSpec, UnitRecord
+from losslessness.engine.plan import RunPlan, UnitKind
+from losslessness.engine.shards import FailureKind, ShardResult, ShardSpec, UnitRecord
 from losslessness.engine.state import (
-    INCOMPLETE,
     INTERRUPTED_MESSAGE,
     ProgressCallback,
     ProgressTracker,
@@ -57,12 +56,12 @@ def run_shard(
     position = 0
     while position < len(mine):
         unit = mine[position]
-        if unit.kind == "chain" and not interrupted and unit.target not in state.hung:
+        if unit.kind is UnitKind.CHAIN and not interrupted and unit.target not in state.hung:
             # A target's chain units are consecutive in the grid: they run interleaved.
             group = [unit]
             while (
                 position + len(group) < len(mine)
-                and mine[position + len(group)].kind == "chain"
+                and mine[position + len(group)].kind is UnitKind.CHAIN
                 and mine[position + len(group)].target == unit.target
             ):
                 group.append(mine[position + len(group)])
@@ -72,33 +71,30 @@ def run_shard(
                 interrupted = True
             for member in group:
                 if member.index not in records:
-                    record = UnitRecord(member.index, member.key, member.kind, member.target,
-                                        member.case_id, member.chunk)
-                    record.failure_kind, record.failure = INCOMPLETE, INTERRUPTED_MESSAGE
-                    records[member.index] = record
+                    records[member.index] = UnitRecord.of(
+                        member, FailureKind.INCOMPLETE, INTERRUPTED_MESSAGE
+                    )
             position += len(group)
             continue
         position += 1
         tracker.label = f"{unit.target} {unit.case_id}".strip()
-        record = UnitRecord(unit.index, unit.key, unit.kind, unit.target, unit.case_id, unit.chunk)
         unit_began = time.perf_counter()
         if interrupted:
-            record.failure_kind, record.failure = INCOMPLETE, INTERRUPTED_MESSAGE
+            record = UnitRecord.of(unit, FailureKind.INCOMPLETE, INTERRUPTED_MESSAGE)
         elif unit.target in state.hung:
-            record.failure_kind = "error"
-            record.failure = (
-                f"skipped: the target hung on an earlier call ({state.hung[unit.target]})"
+            record = UnitRecord.of(
+                unit,
+                FailureKind.ERROR,
+                f"skipped: the target hung on an earlier call ({state.hung[unit.target]})",
             )
         else:
+            record = UnitRecord.of(unit)
             try:
                 run_unit(state, unit, record)
             except KeyboardInterrupt:
                 # Ctrl-C: keep what finished, record this unit and the rest as not run.
                 interrupted = True
-                record = UnitRecord(
-                    unit.index, unit.key, unit.kind, unit.target, unit.case_id, unit.chunk
-                )
-                record.failure_kind, record.failure = INCOMPLETE, INTERRUPTED_MESSAGE
+                record = UnitRecord.of(unit, FailureKind.INCOMPLETE, INTERRUPTED_MESSAGE)
         record.wall_time_s = time.perf_counter() - unit_began
         records[unit.index] = record
     tracker.label = "done"

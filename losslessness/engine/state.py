@@ -14,23 +14,11 @@ from pathlib import Path
 from losslessness.adapters import NotApplicable
 from losslessness.engine.draw import TargetTimeout
 from losslessness.engine.plan import PlanRecord, RunPlan
-from losslessness.engine.shards import ShardSpec, UnitRecord
+from losslessness.engine.shards import FailureKind, ShardSpec, UnitRecord
 from losslessness.engine.tables import CountTable
 from losslessness.results import CheckContext, CheckResult, Verdict
 
-INCOMPLETE = "incomplete"
-"""``UnitRecord.failure_kind`` of a unit the run did not finish (interrupted)."""
-
 INTERRUPTED_MESSAGE = "not run: the run was interrupted (Ctrl-C) before this unit finished"
-
-STOPPED = "stopped"
-"""``UnitRecord.failure_kind`` of a chain chunk the run did not sample because its case or its
-target was already decided LOSSY (sequential early stop): not an error, and the case's checks
-run on the chunks that were sampled."""
-
-NOT_APPLICABLE = "not-applicable"
-"""``UnitRecord.failure_kind`` of a unit whose target raised :class:`NotApplicable`: its checks
-are SKIPPED with ``UnitRecord.failure`` (``not applicable: <reason>``) as the message."""
 
 ProgressCallback = Callable[[int, int, str], None]
 """Called with (steps done, steps planned, label of the current unit)."""
@@ -104,9 +92,9 @@ def record_target_error(state: ShardState, record: UnitRecord, error: BaseExcept
     """Record in ``record`` that its target raised ``error``: not applicable (its checks
     SKIPPED), else an error; a hang also marks the target hung for the rest of the shard."""
     if isinstance(error, NotApplicable):
-        record.failure_kind, record.failure = NOT_APPLICABLE, error.skip_message
+        record.failure_kind, record.failure = FailureKind.NOT_APPLICABLE, error.skip_message
         return
-    record.failure_kind, record.failure = "error", failure_message(error)
+    record.failure_kind, record.failure = FailureKind.ERROR, failure_message(error)
     if isinstance(error, TargetTimeout):
         state.hung[record.target] = record.failure
 
@@ -116,7 +104,9 @@ def untested_results(
 ) -> list[CheckResult]:
     """The results of checks a failed unit could not run: SKIPPED when the target refused the
     case as not applicable, ERROR otherwise, with the unit's failure as the message."""
-    verdict = Verdict.SKIPPED if record.failure_kind == NOT_APPLICABLE else Verdict.ERROR
+    verdict = (
+        Verdict.SKIPPED if record.failure_kind is FailureKind.NOT_APPLICABLE else Verdict.ERROR
+    )
     return [context.untested(check_id, verdict, str(record.failure)) for check_id in check_ids]
 
 

@@ -18,7 +18,7 @@ from losslessness.checks.ids import (
     TREE_GREEDY_CHECK_ID,
     TREE_STRUCTURE_CHECK_ID,
 )
-from losslessness.checks.sequential import attach_sequential_evidence, evidence_to_json
+from losslessness.checks.sequential import attach_sequential_evidence
 from losslessness.checks.tree import check_tree_greedy, run_tree_checks
 from losslessness.checks.tree_sequential import TreeMonitor
 from losslessness.engine.draw import (
@@ -28,11 +28,15 @@ from losslessness.engine.draw import (
     sample_tree,
 )
 from losslessness.engine.end_to_end import EndToEndPlan, end_to_end_checks, sample_end_to_end
-from losslessness.engine.plan import RunPlan, Unit, end_to_end_check_ids, load_device_checks
-from losslessness.engine.shards import UnitRecord
+from losslessness.engine.plan import (
+    RunPlan,
+    Unit,
+    UnitKind,
+    end_to_end_check_ids,
+    load_device_checks,
+)
+from losslessness.engine.shards import FailureKind, SuiteRun, UnitRecord
 from losslessness.engine.state import (
-    NOT_APPLICABLE,
-    STOPPED,
     ShardState,
     check_context,
     failure_message,
@@ -78,7 +82,7 @@ def _run_tree_unit(state: ShardState, unit: Unit, record: UnitRecord) -> None:
     context = dataclasses.replace(context, alpha=plan.record.alpha_split.fixed)
     selected = [c for c in TREE_CHECK_IDS if plan.config.selects(c)]
     if unit.target in state.decided:
-        record.failure_kind = STOPPED
+        record.failure_kind = FailureKind.STOPPED
         record.failure = f"not sampled: target already LOSSY ({state.decided[unit.target]})"
         record.checks = [context.untested(c, Verdict.SKIPPED, record.failure) for c in selected]
         return
@@ -116,10 +120,10 @@ def _run_tree_unit(state: ShardState, unit: Unit, record: UnitRecord) -> None:
     if monitor is not None:
         if monitor.decision is not None:
             reason = monitor.decision.reason
-            record.extra["stopped"] = f"LOSSY: {reason}"
+            record.stopped = f"LOSSY: {reason}"
             state.decided.setdefault(unit.target, f"{unit.case_id}: {reason}")
         evidence = monitor.evidence()
-        record.extra["sequential"] = evidence_to_json(evidence)
+        record.sequential = evidence
         attach_sequential_evidence(results, evidence, reason)
     for result in results:
         result.details.update(
@@ -170,9 +174,10 @@ def _run_end_to_end_unit(state: ShardState, unit: Unit, record: UnitRecord) -> N
     )
     selected = [c for c in end_to_end_check_ids(target) if plan.config.selects(c)]
     if isinstance(entry.error, NotApplicable):
-        record.failure_kind, record.failure = NOT_APPLICABLE, entry.error.skip_message
+        record.failure_kind, record.failure = FailureKind.NOT_APPLICABLE, entry.error.skip_message
     elif entry.error is not None:
-        record.failure_kind, record.failure = "error", failure_message(entry.error)
+        record.failure_kind = FailureKind.ERROR
+        record.failure = failure_message(entry.error)
     else:
         try:
             samples = sample_end_to_end(entry, state.tracker.advance, plan.config.timeout_s)
@@ -193,7 +198,7 @@ def _run_device_unit(state: ShardState, unit: Unit, record: UnitRecord) -> None:
     plan = state.plan.record
     run_device_checks, note = load_device_checks()
     if run_device_checks is None:
-        record.failure_kind, record.failure = "error", note
+        record.failure_kind, record.failure = FailureKind.ERROR, note
         return
     try:
         checks, unavailable = run_device_checks(
@@ -203,10 +208,10 @@ def _run_device_unit(state: ShardState, unit: Unit, record: UnitRecord) -> None:
             plan.device_alpha,
         )
     except Exception as error:
-        record.failure_kind, record.failure = "error", failure_message(error)
+        record.failure_kind, record.failure = FailureKind.ERROR, failure_message(error)
     else:
         record.checks = list(checks)
-        record.extra["unavailable"] = [[name, reason] for name, reason in unavailable]
+        record.unavailable = [(name, reason) for name, reason in unavailable]
 
 
 def _run_suite_unit(state: ShardState, unit: Unit, record: UnitRecord) -> None:
@@ -214,7 +219,7 @@ def _run_suite_unit(state: ShardState, unit: Unit, record: UnitRecord) -> None:
 
     reason = suite_unavailable_reason()
     if reason is not None:
-        record.failure_kind, record.failure = "unavailable", reason
+        record.failure_kind, record.failure = FailureKind.UNAVAILABLE, reason
         return
     folder = re.sub(r"[^A-Za-z0-9_.-]", "_", unit.target)
     outcome = run_suite(
@@ -223,21 +228,18 @@ def _run_suite_unit(state: ShardState, unit: Unit, record: UnitRecord) -> None:
         state.work_dir / "suite" / folder,
     )
     record.checks = outcome.checks
-    record.extra = {
-        "returncode": outcome.returncode,
-        "command": outcome.command,
-        "junit_xml": outcome.junit_xml,
-        "output_tail": outcome.output_tail,
-    }
+    record.suite_run = SuiteRun(
+        outcome.command, outcome.returncode, outcome.junit_xml, outcome.output_tail
+    )
 
 
 _UNIT_RUNNERS = {
-    "greedy": _run_greedy_unit,
-    "tree": _run_tree_unit,
-    "greedy-tree": _run_greedy_tree_unit,
-    "end-to-end": _run_end_to_end_unit,
-    "device": _run_device_unit,
-    "suite": _run_suite_unit,
+    UnitKind.GREEDY: _run_greedy_unit,
+    UnitKind.TREE: _run_tree_unit,
+    UnitKind.GREEDY_TREE: _run_greedy_tree_unit,
+    UnitKind.END_TO_END: _run_end_to_end_unit,
+    UnitKind.DEVICE: _run_device_unit,
+    UnitKind.SUITE: _run_suite_unit,
 }
 
 

@@ -12,7 +12,6 @@ from losslessness.checks import run_chain_checks
 from losslessness.checks.sequential import (
     ChainMonitor,
     attach_sequential_evidence,
-    evidence_to_json,
     merged_evidence,
 )
 from losslessness.checks.tree_sequential import TreeMonitor
@@ -98,7 +97,7 @@ def test_attached_crossing_makes_the_result_lossy_with_its_evidence() -> None:
     JSON round trip keeps it."""
     monitor, sampler = _feed(shifted_bonus, "v8-far", 20_000, 1e-6)
     results = run_chain_checks(sampler.samples(), _context("v8-far"))
-    evidence = merged_evidence([evidence_to_json(monitor.evidence())])
+    evidence = merged_evidence([monitor.evidence()])
     attach_sequential_evidence(results, evidence, "stopped")
     crossed = [r for r in results if r.sequential is not None and r.sequential.crossed]
     assert crossed and all(r.verdict is Verdict.LOSSY for r in crossed)
