@@ -15,11 +15,11 @@ from losslessness.cases import ChainCase
 from losslessness.checks import malformed_output_result, run_chain_checks
 from losslessness.checks.ids import PVALUES_CHECK_ID, SAMPLED_CHAIN_CHECK_IDS
 from losslessness.checks.pvalues import check_pvalue_uniformity
-from losslessness.checks.sequential import attach_sequential_evidence, merged_evidence
+from losslessness.checks.sequential import merged_evidence
 from losslessness.design import RunConfig
 from losslessness.engine.battery import default_chain_battery, default_greedy_battery
 from losslessness.engine.plan import ChainCasePlan, PlanRecord, UnitKind
-from losslessness.engine.replay import replay_command
+from losslessness.engine.replay import SUITE_PREFIX, attach_replays
 from losslessness.engine.shards import (
     FailureKind,
     MergedShards,
@@ -145,22 +145,27 @@ def _chain_checks(
     samples.wall_time_s = context.sampling_time_s
     samples.verifier_time_s = sum(unit.verifier_time_s for unit in units)
     samples.calls = sum(unit.verifier_calls for unit in units)
-    results = run_chain_checks(samples, context, verification)
     reasons = [unit.stopped for unit in units if unit.stopped is not None]
     reasons += [str(unit.failure) for unit in stopped]
-    for result in results:
-        result.details.update(
-            steps=samples.n_steps,
-            capped=grid.capped,
-            ci_steps=grid.ci_steps,
-            chunk_steps=grid.chunk_steps,
-            n_chunks=grid.n_chunks,
-            planned_steps=grid.n_steps,
-        )
-        if reasons:
-            result.details["stopped"] = reasons[0]
-    evidence = merged_evidence([unit.sequential for unit in units if unit.sequential is not None])
-    attach_sequential_evidence(results, evidence, reasons[0] if reasons else None)
+    details: dict[str, Any] = {
+        "steps": samples.n_steps,
+        "capped": grid.capped,
+        "ci_steps": grid.ci_steps,
+        "chunk_steps": grid.chunk_steps,
+        "n_chunks": grid.n_chunks,
+        "planned_steps": grid.n_steps,
+    }
+    if reasons:
+        details["stopped"] = reasons[0]
+    context = dataclasses.replace(
+        context,
+        details=details,
+        sequential=merged_evidence(
+            [unit.sequential for unit in units if unit.sequential is not None]
+        ),
+        stop_reason=reasons[0] if reasons else None,
+    )
+    results = run_chain_checks(samples, context, verification)
     return [result for result in results if plan.config.selects(result.check_id)]
 
 
@@ -298,7 +303,7 @@ def finish_run(shards: Sequence[ShardResult]) -> RunResult:
             }.get(unit.failure_kind, TargetVerdict.ERROR)
             targets.append(
                 TargetResult(
-                    f"suite:{name}",
+                    f"{SUITE_PREFIX}{name}",
                     f"property suite on {name}",
                     verdict,
                     error=unit.failure,
@@ -306,12 +311,9 @@ def finish_run(shards: Sequence[ShardResult]) -> RunResult:
                 )
             )
             continue
-        replay = " ".join(unit.suite_run.command) if unit.suite_run is not None else None
-        for check in unit.checks:
-            check.replay = replay
         targets.append(
             TargetResult(
-                f"suite:{name}",
+                f"{SUITE_PREFIX}{name}",
                 f"property suite on {name}, Hypothesis profile {config.suite_profile!r}",
                 target_verdict(unit.checks),
                 unit.checks,
@@ -319,11 +321,11 @@ def finish_run(shards: Sequence[ShardResult]) -> RunResult:
             )
         )
         suite_junit[name] = unit.suite_run.junit_xml if unit.suite_run is not None else ""
-    greedy_callables = {name for name, _, _ in plan.targets if ":" in name}
-    for target in targets:
-        for check in target.checks:
-            if check.replay is None and not target.name.startswith("suite:"):
-                check.replay = replay_command(plan, check, target.name in greedy_callables)
+    attach_replays(plan, targets, {
+        name: unit.suite_run.command
+        for name, unit in suite_units.items()
+        if unit.suite_run is not None
+    })
     audit = AuditResult(
         schema_version=SCHEMA_VERSION,
         config=config,

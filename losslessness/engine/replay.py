@@ -4,10 +4,15 @@ recomputed.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
 from losslessness.checks.ids import GREEDY_CHECK_ID, PVALUES_CHECK_ID, TREE_GREEDY_CHECK_ID
 from losslessness.engine.plan import PlanRecord
 from losslessness.engine.suite import SUITE_CHECK_ID
-from losslessness.results import CheckResult
+from losslessness.results import CheckResult, TargetResult
+
+SUITE_PREFIX = "suite:"
+"""Prefix of a property-suite run's target name (``suite:<target>``)."""
 
 
 def replay_command(plan: PlanRecord, check: CheckResult, greedy: bool = False) -> str | None:
@@ -51,3 +56,27 @@ def replay_command(plan: PlanRecord, check: CheckResult, greedy: bool = False) -
     return command
 
 
+def attach_replays(
+    plan: PlanRecord,
+    targets: Sequence[TargetResult],
+    suite_commands: Mapping[str, Sequence[str]],
+) -> None:
+    """Set the replay command of every check of ``targets``, in place, once the run is
+    finished: a suite run's checks get its pytest command (``suite_commands``, by target),
+    every other check :func:`replay_command`'s (a ``pkg.module:callable`` target is named by
+    its option).
+
+    Args:
+        plan: the run's plan record.
+        targets: the run's target results.
+        suite_commands: the pytest command line of each suite run, by audited target.
+    """
+    greedy_callables = {name for name, _, _ in plan.targets if ":" in name}
+    for target in targets:
+        is_suite = target.name.startswith(SUITE_PREFIX)
+        for check in target.checks:
+            if is_suite:
+                command = suite_commands.get(target.name.removeprefix(SUITE_PREFIX))
+                check.replay = " ".join(command) if command else None
+            else:
+                check.replay = replay_command(plan, check, target.name in greedy_callables)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import time
+from typing import Any
 
 from losslessness.adapters import NotApplicable
 from losslessness.checks import malformed_output_result
@@ -18,7 +19,6 @@ from losslessness.checks.ids import (
     TREE_GREEDY_CHECK_ID,
     TREE_STRUCTURE_CHECK_ID,
 )
-from losslessness.checks.sequential import attach_sequential_evidence
 from losslessness.checks.tree import check_tree_greedy, run_tree_checks
 from losslessness.checks.tree_sequential import TreeMonitor
 from losslessness.engine.draw import (
@@ -114,24 +114,28 @@ def _run_tree_unit(state: ShardState, unit: Unit, record: UnitRecord) -> None:
     record.verify_steps = samples.n_steps
     record.verifier_calls = samples.calls
     record.verifier_time_s = samples.verifier_time_s
-    context = dataclasses.replace(context, sampling_time_s=samples.wall_time_s)
-    results = run_tree_checks(samples, context)
+    details: dict[str, Any] = {
+        "steps": samples.n_steps,
+        "capped": grid.capped,
+        "ci_steps": grid.ci_steps,
+        "needed_steps": grid.needed_steps,
+        "planned_steps": grid.n_steps,
+    }
     reason = None
     if monitor is not None:
         if monitor.decision is not None:
             reason = monitor.decision.reason
-            record.stopped = f"LOSSY: {reason}"
+            record.stopped = details["stopped"] = f"LOSSY: {reason}"
             state.decided.setdefault(unit.target, f"{unit.case_id}: {reason}")
-        evidence = monitor.evidence()
-        record.sequential = evidence
-        attach_sequential_evidence(results, evidence, reason)
-    for result in results:
-        result.details.update(
-            steps=samples.n_steps, capped=grid.capped, ci_steps=grid.ci_steps,
-            needed_steps=grid.needed_steps, planned_steps=grid.n_steps,
-        )
-        if reason is not None:
-            result.details["stopped"] = f"LOSSY: {reason}"
+        record.sequential = monitor.evidence()
+    context = dataclasses.replace(
+        context,
+        sampling_time_s=samples.wall_time_s,
+        details=details,
+        sequential=record.sequential or {},
+        stop_reason=reason,
+    )
+    results = run_tree_checks(samples, context)
     record.checks = [result for result in results if plan.config.selects(result.check_id)]
 
 
