@@ -17,7 +17,6 @@ from losslessness.checks.ids import PVALUES_CHECK_ID, SAMPLED_CHAIN_CHECK_IDS
 from losslessness.checks.pvalues import check_pvalue_uniformity
 from losslessness.checks.sequential import merged_evidence
 from losslessness.design import RunConfig
-from losslessness.engine.battery import default_chain_battery, default_greedy_battery
 from losslessness.engine.plan import ChainCasePlan, PlanRecord, UnitKind
 from losslessness.engine.replay import SUITE_PREFIX, attach_replays
 from losslessness.engine.shards import (
@@ -32,7 +31,6 @@ from losslessness.engine.state import (
     check_context,
 )
 from losslessness.engine.tables import CountTable, expand_table
-from losslessness.engine.tree_battery import default_greedy_tree_battery, default_tree_battery
 from losslessness.results import (
     SCHEMA_VERSION,
     AuditResult,
@@ -67,33 +65,6 @@ class RunResult:
     def exit_code(self) -> int:
         """The audit's exit code."""
         return self.audit.exit_code
-
-
-def _battery_cases(plan: PlanRecord) -> dict[str, ChainCase]:
-    cases = {case.case_id: case for case in default_chain_battery()}
-    for case_id, grid in plan.chain_cases.items():
-        if case_id not in cases or cases[case_id].case_hash != grid.case_hash:
-            raise ValueError(
-                f"plan: battery case {case_id!r} differs from this losslessness's battery "
-                "(merge with the version that ran the shards)"
-            )
-    greedy = {case.case_id: case.case_hash for case in default_greedy_battery()}
-    for case_id, case_hash in plan.greedy_cases.items():
-        if greedy.get(case_id) != case_hash:
-            raise ValueError(
-                f"plan: greedy case {case_id!r} differs from this losslessness's battery "
-                "(merge with the version that ran the shards)"
-            )
-    tree = {case.case_id: case.case_hash for case in default_tree_battery()}
-    tree |= {case.case_id: case.case_hash for case in default_greedy_tree_battery()}
-    recorded = {case_id: grid.case_hash for case_id, grid in plan.tree_cases.items()}
-    for case_id, case_hash in (recorded | plan.greedy_tree_cases).items():
-        if tree.get(case_id) != case_hash:
-            raise ValueError(
-                f"plan: tree case {case_id!r} differs from this losslessness's tree battery "
-                "(merge with the version that ran the shards)"
-            )
-    return cases
 
 
 def _chain_checks(
@@ -246,13 +217,12 @@ def finish_run(shards: Sequence[ShardResult]) -> RunResult:
 
     Raises:
         ShardMergeError: shards of different plans, duplicate or missing units.
-        ValueError: the battery differs from the one the shards sampled.
     """
     began = time.perf_counter()
     merged = merge_shards(list(shards))
     plan = merged.plan
     config = plan.config
-    cases = _battery_cases(plan)
+    cases = merged.cases
     by_target: dict[str, dict[tuple[UnitKind, str], list[UnitRecord]]] = {}
     device_units: list[UnitRecord] = []
     suite_units: dict[str, UnitRecord] = {}

@@ -104,6 +104,7 @@ def run_shard(
         shard=spec,
         units=records,
         tables={key: concatenate_tables(parts) for key, parts in sorted(state.chunks.items())},
+        cases={case.case_id: case for case in plan.chain_cases},
         environment=run_environment(),
         started_at=started,
         wall_time_s=time.perf_counter() - began,

@@ -2,12 +2,15 @@
 
 Shard ``i/N`` runs the units of the plan's grid whose index is ``i`` modulo ``N``. What a shard
 keeps of a chain case is its count table (:mod:`losslessness.engine.tables`); of the other
-units (greedy, end-to-end, device, suite), their check results.
+units (greedy, tree, end-to-end, device, suite), their check results. Every shard also carries
+the plan's chain cases themselves (their exact tensors), so that the finish runs the checks on
+the cases that were sampled, whatever battery the finishing process has.
 
 Files are ``.npz`` (numpy's own container, ``allow_pickle=False``) holding one records and one
-counts array per (target, case) and a JSON metadata string: the format version, the plan record
-and its fingerprint, the shard spec, the units run with their timings and failures, and the
-results of the units that are not count tables.
+counts array per (target, case), the p and q tensors of every chain case, and a JSON metadata
+string: the format version, the plan record and its fingerprint, the shard spec, the chain
+cases' ids, summaries and tags, the units run with their timings and failures, and the results
+of the units that are not count tables.
 """
 
 from __future__ import annotations
@@ -22,7 +25,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
+from losslessness.cases import ChainCase
 from losslessness.checks.sequential import AssertionKey, evidence_from_json, evidence_to_json
 from losslessness.engine.plan import PlanRecord, Unit, UnitKind
 from losslessness.engine.tables import CountTable, merge_tables
@@ -198,6 +203,7 @@ class ShardResult:
         units: the records of every unit run, by grid index.
         tables: count tables by (target, case id): the shard's chunks in grid order (in memory)
             or canonical (loaded from a file).
+        cases: the plan's chain cases, by case id (their hashes are the plan's).
         environment: versions where the shard ran.
         started_at: ISO 8601 UTC start.
         wall_time_s: seconds the shard took.
@@ -208,6 +214,7 @@ class ShardResult:
     shard: ShardSpec
     units: dict[int, UnitRecord]
     tables: dict[tuple[str, str], CountTable]
+    cases: dict[str, ChainCase]
     environment: dict[str, str]
     started_at: str
     wall_time_s: float
@@ -277,12 +284,21 @@ def save_shard(shard: ShardResult, path: str | Path) -> Path:
         )
         arrays[f"records_{i}"] = records.astype(np.int32 if fits else np.int64)
         arrays[f"counts_{i}"] = table.counts
+    case_ids = sorted(shard.cases)
+    for j, case_id in enumerate(case_ids):
+        case = shard.cases[case_id]
+        arrays[f"case_target_{j}"] = case.target_probs.detach().cpu().numpy()
+        arrays[f"case_draft_{j}"] = case.draft_probs.detach().cpu().numpy()
     meta = {
         "format_version": SHARD_FORMAT_VERSION,
         "fingerprint": shard.fingerprint,
         "plan": shard.plan.to_json(),
         "shard": [shard.shard.index, shard.shard.count],
         "tables": [list(key) for key in keys],
+        "cases": [
+            [case_id, shard.cases[case_id].summary, sorted(shard.cases[case_id].tags)]
+            for case_id in case_ids
+        ],
         "units": [_unit_to_dict(unit) for _, unit in sorted(shard.units.items())],
         "environment": shard.environment,
         "started_at": shard.started_at,
@@ -329,11 +345,26 @@ def load_shard(path: str | Path) -> ShardResult:
         raise ShardMergeError(f"{path}: {error}") from error
     if plan.fingerprint != meta["fingerprint"]:
         raise ShardMergeError(f"{path}: the plan does not match its fingerprint (altered file?)")
+    cases = {
+        case_id: ChainCase(
+            case_id,
+            summary,
+            torch.from_numpy(arrays[f"case_target_{j}"]),
+            torch.from_numpy(arrays[f"case_draft_{j}"]),
+            frozenset(tags),
+        )
+        for j, (case_id, summary, tags) in enumerate(meta["cases"])
+    }
+    recorded = {case_id: case.case_hash for case_id, case in cases.items()}
+    planned = {case_id: grid.case_hash for case_id, grid in plan.chain_cases.items()}
+    if recorded != planned:
+        raise ShardMergeError(f"{path}: the chain cases do not match the plan's (altered file?)")
     return ShardResult(
         plan=plan,
         shard=ShardSpec(*meta["shard"]),
         units={unit.index: unit for unit in units},
         tables=tables,
+        cases=cases,
         environment=meta["environment"],
         started_at=meta["started_at"],
         wall_time_s=meta["wall_time_s"],
@@ -371,6 +402,12 @@ class MergedShards:
     units: dict[int, UnitRecord]
     tables: dict[tuple[str, str], CountTable]
     shards: list[ShardResult]
+
+    @property
+    def cases(self) -> dict[str, ChainCase]:
+        """The plan's chain cases, by case id (every shard carries the same: their hashes are
+        the plan's)."""
+        return self.shards[0].cases
 
     @property
     def fingerprint(self) -> str:
