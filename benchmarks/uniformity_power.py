@@ -35,7 +35,7 @@ import time
 from losslessness.cases import ChainCase
 from losslessness.checks.pvalues import check_pvalue_uniformity
 from losslessness.config import RunConfig
-from losslessness.engine.run import run_audit
+from losslessness.engine.audit import run_audit
 from losslessness.results import CheckContext, Verdict
 from losslessness.zoo import MUTANTS, PRECISION_MUTANTS, Mutant
 

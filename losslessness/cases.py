@@ -26,6 +26,7 @@ from losslessness.protocol import (
     validate_greedy_tree_inputs,
     validate_tree_inputs,
 )
+from losslessness.reference.laws import ChainLaws, chain_laws
 
 
 def _tensor_hash(case_id: str, *tensors: torch.Tensor) -> str:
@@ -108,6 +109,14 @@ class ChainCase(CaseShape):
     def case_hash(self) -> str:
         """First 12 hex digits of a SHA-256 over the id and the exact tensors."""
         return _tensor_hash(self.case_id, self.target_probs, self.draft_probs)
+
+    @cached_property
+    def laws(self) -> tuple[ChainLaws, ...]:
+        """Exact laws of each row type (:func:`~losslessness.reference.laws.chain_laws`),
+        computed once per case: the plan, the monitors and every chain check read them."""
+        return tuple(
+            chain_laws(self.target_probs[r], self.draft_probs[r]) for r in range(self.n_rows)
+        )
 
 
 @dataclass(frozen=True, eq=False)

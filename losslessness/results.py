@@ -12,7 +12,7 @@ import enum
 import math
 import platform
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -146,6 +146,12 @@ class SequentialEvidence:
         return cls(**data)
 
 
+AssertionKey = tuple[str, int, int, int]
+"""``(check id, row type, position, token)``: names one assertion for its sequential test
+(:attr:`CheckResult.assertion_key`). Chain assertions have token 0 (independence position 0);
+tree assertions row 0, the depth, and the node class's token."""
+
+
 @dataclass
 class CheckResult:
     """One assertion's record (DESIGN.md section 4; issue 2, item 4).
@@ -212,6 +218,17 @@ class CheckResult:
     sequential: SequentialEvidence | None = None
 
     @property
+    def assertion_key(self) -> AssertionKey:
+        """The key of the assertion this result reports (its check id, row, position and, for
+        tree law classes, the class's token, ``details["token"]``)."""
+        return (
+            self.check_id,
+            self.row or 0,
+            self.position or 0,
+            int(self.details.get("token", 0)),
+        )
+
+    @property
     def where(self) -> str:
         """Short location: ``case[row r] pos i``."""
         text = self.case_id
@@ -235,6 +252,13 @@ class CheckContext:
         seed: the seed that replays the case's samples.
         sampling_time_s: seconds the case's samples took (shared by its assertions).
         n_rows: row types of the case's batch.
+        details: what every result of the case records of the run that drew its samples
+            (steps drawn and planned, capped, chunks, why it stopped early), added to each
+            result's own details.
+        sequential: the case's sequential evidence by assertion (from the monitors of every
+            shard that sampled it), attached to the result of each assertion it names.
+        stop_reason: why the case stopped before its planned steps, when it did (added to the
+            messages of its monitored results).
     """
 
     target: str
@@ -247,6 +271,11 @@ class CheckContext:
     seed: int
     sampling_time_s: float = 0.0
     n_rows: int = 1
+    details: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    sequential: Mapping[AssertionKey, SequentialEvidence] = field(
+        default_factory=dict, hash=False
+    )
+    stop_reason: str | None = None
 
     @classmethod
     def for_case(
@@ -291,8 +320,10 @@ class CheckContext:
         cells: LawCells | None = None,
         acceptance: AcceptanceCounts | None = None,
     ) -> CheckResult:
-        """Build a :class:`CheckResult` for this case (exact checks get ``alpha`` 0.0)."""
-        return CheckResult(
+        """Build the finished :class:`CheckResult` of one assertion of this case: exact checks
+        get ``alpha`` 0.0, every result the context's run details, and a monitored assertion
+        its sequential evidence (:meth:`_attach_sequential`)."""
+        result = CheckResult(
             check_id=check_id,
             target=self.target,
             case_id=self.case_id,
@@ -312,11 +343,32 @@ class CheckContext:
             seed=self.seed,
             wall_time_s=self.sampling_time_s + wall_time_s,
             message=message,
-            details=details or {},
+            details={**(details or {}), **self.details},
             n_rows=self.n_rows,
             cells=cells,
             acceptance=acceptance,
         )
+        self._attach_sequential(result)
+        return result
+
+    def _attach_sequential(self, result: CheckResult) -> None:
+        """Attach the assertion's sequential evidence to its fixed-n ``result``, in place; an
+        assertion whose e-value crossed is LOSSY (whatever the fixed-n test on the samples
+        drawn says), with the crossing in its message."""
+        found = self.sequential.get(result.assertion_key)
+        if found is None:
+            return
+        result.sequential = found
+        if found.crossed and result.verdict is not Verdict.LOSSY:
+            result.verdict = Verdict.LOSSY
+            result.message = (
+                f"sequential test: e-value {found.e_value_text} >= 1/alpha_sequential "
+                f"{math.exp(found.log_threshold):.3g} after {found.steps} steps "
+                f"(anytime-valid, Ville's inequality); fixed-n test on those steps: "
+                f"{result.message}"
+            )
+        elif self.stop_reason and found.steps:
+            result.message += f" [case stopped early: {self.stop_reason}]"
 
     def untested(
         self,

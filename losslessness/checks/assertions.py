@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from losslessness.cases import ChainCase
 from losslessness.checks.ids import ACCEPTANCE_CHECK_ID, INDEPENDENCE_CHECK_ID, LAW_CHECK_ID
-from losslessness.reference.laws import ChainLaws, chain_laws
+from losslessness.reference.laws import ChainLaws
 
 RATE_TOLERANCE = 1e-12
 """An acceptance probability within this of 0 or 1 is treated as exactly 0 or 1 (float64
@@ -23,8 +23,8 @@ enough samples even where the identity tests need few."""
 
 
 def case_laws(case: ChainCase) -> list[ChainLaws]:
-    """Exact laws of each row type of ``case``."""
-    return [chain_laws(case.target_probs[r], case.draft_probs[r]) for r in range(case.n_rows)]
+    """Exact laws of each row type of ``case`` (cached on the case, :attr:`ChainCase.laws`)."""
+    return list(case.laws)
 
 
 def is_reachable(laws: ChainLaws, position: int) -> bool:

@@ -21,12 +21,13 @@ correct code, so stopping on them spends no level.
 
 The monitor only decides when to stop; the results are still made by the fixed-n checks on the
 samples drawn (:func:`losslessness.checks.run_chain_checks`), with the monitor's evidence
-attached (:func:`attach_sequential_evidence`).
+attached by their context (:attr:`losslessness.results.CheckContext.sequential`).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,8 +47,8 @@ from losslessness.checks.structure import check_structure, emitted_counts
 from losslessness.reference.laws import prefix_acceptance_bound
 from losslessness.results import (
     LOG_E_CLIP,
+    AssertionKey,
     CheckContext,
-    CheckResult,
     SequentialEvidence,
     Verdict,
 )
@@ -58,21 +59,6 @@ from losslessness.stats.sequential import (
     cell_partitions,
     partition_mixture_log_evalue,
 )
-
-AssertionKey = tuple[str, int, int, int]
-"""``(check id, row type, position, token)``: chain assertions have token 0 (independence
-position 0); tree assertions row 0, the depth, and the node class's token."""
-
-
-def assertion_key(result: CheckResult) -> AssertionKey:
-    """The key of the assertion ``result`` reports (its check id, row, position and, for tree
-    law classes, the class's token)."""
-    return (
-        result.check_id,
-        result.row or 0,
-        result.position or 0,
-        int(result.details.get("token", 0)),
-    )
 
 
 @dataclass
@@ -361,50 +347,19 @@ def pair_state(first: np.ndarray, planned_steps: int) -> _PairState:
     )
 
 
-def attach_sequential_evidence(
-    results: list[CheckResult],
-    evidence: dict[AssertionKey, SequentialEvidence],
-    decision_reason: str | None = None,
-) -> None:
-    """Attach each assertion's sequential evidence to its fixed-n result, in place; an
-    assertion whose e-value crossed becomes LOSSY (whatever the fixed-n test on the samples
-    drawn says), with the crossing in its message.
-
-    Args:
-        results: the case's results (:func:`losslessness.checks.run_chain_checks`).
-        evidence: by :func:`assertion_key`, from the monitors of every shard that sampled
-            the case (a crossing kept, else the largest e-value).
-        decision_reason: why the case stopped early, when it did (added to the messages of
-            its statistical results).
-    """
-    for result in results:
-        found = evidence.get(assertion_key(result))
-        if found is None:
-            continue
-        result.sequential = found
-        if found.crossed and result.verdict is not Verdict.LOSSY:
-            result.verdict = Verdict.LOSSY
-            result.message = (
-                f"sequential test: e-value {found.e_value_text} >= 1/alpha_sequential "
-                f"{math.exp(found.log_threshold):.3g} after {found.steps} steps "
-                f"(anytime-valid, Ville's inequality); fixed-n test on those steps: "
-                f"{result.message}"
-            )
-        elif decision_reason and found.steps:
-            result.message += f" [case stopped early: {decision_reason}]"
-
-
 def evidence_to_json(evidence: dict[AssertionKey, SequentialEvidence]) -> list[Any]:
     """JSON-able form of :meth:`ChainMonitor.evidence` (what a unit record stores)."""
     return [[*key, item.to_json()] for key, item in evidence.items()]
 
 
-def merged_evidence(records: list[list[Any]]) -> dict[AssertionKey, SequentialEvidence]:
-    """The evidence of several monitors of one case (its shards), from their JSON forms: per
-    assertion, a crossing if any crossed, else the largest e-value."""
+def merged_evidence(
+    records: Iterable[dict[AssertionKey, SequentialEvidence]],
+) -> dict[AssertionKey, SequentialEvidence]:
+    """The evidence of several monitors of one case (its shards): per assertion, a crossing if
+    any crossed, else the largest e-value."""
     merged: dict[AssertionKey, SequentialEvidence] = {}
     for record in records:
-        for key, found in evidence_from_json(record).items():
+        for key, found in record.items():
             kept = merged.get(key)
             if kept is None or found.crossed or (
                 not kept.crossed and found.log_e_value > kept.log_e_value
@@ -419,3 +374,16 @@ def evidence_from_json(data: list[Any]) -> dict[AssertionKey, SequentialEvidence
         (str(check_id), int(row), int(position), int(token)): SequentialEvidence.from_json(item)
         for check_id, row, position, token, item in data
     }
+
+
+__all__ = [
+    "AssertionKey",
+    "ChainMonitor",
+    "StopDecision",
+    "evidence_from_json",
+    "evidence_of",
+    "evidence_to_json",
+    "merged_evidence",
+    "pair_state",
+    "update_pairs",
+]

@@ -49,7 +49,7 @@ from losslessness.engine import (
     run_shard,
     save_shard,
 )
-from losslessness.engine.run import make_budgeted_plan
+from losslessness.engine.time_budget import make_budgeted_plan
 from reports.progress import progress_bar
 
 NIGHTLY_FILE = "nightly.json"

@@ -12,17 +12,27 @@ property suite's plugin. Modules:
 - :mod:`~losslessness.engine.end_to_end`: end-to-end units (sequence laws);
 - :mod:`~losslessness.engine.device`: the device-check unit (coupling, precision);
 - :mod:`~losslessness.engine.suite`: the property-suite unit (a pytest subprocess);
-- :mod:`~losslessness.engine.run`: running a shard, finishing a run, :func:`run_audit`.
+- :mod:`~losslessness.engine.state`: what a shard's units share while it runs;
+- :mod:`~losslessness.engine.chains`: the chain units of a target, interleaved call by call;
+- :mod:`~losslessness.engine.units`: one runner per other unit kind;
+- :mod:`~losslessness.engine.scheduler`: running a shard (:func:`run_shard`);
+- :mod:`~losslessness.engine.finish`: finishing a run (:func:`finish_run`), verdicts, summary;
+- :mod:`~losslessness.engine.replay`: the command that replays one assertion;
+- :mod:`~losslessness.engine.time_budget`: fitting a plan into a time budget;
+- :mod:`~losslessness.engine.audit`: :func:`run_audit`, one shard then the finish.
 """
 
+from losslessness.engine.audit import run_audit
+from losslessness.engine.finish import RunResult, finish_run
 from losslessness.engine.plan import (
     PlanRecord,
     RunPlan,
     UnavailableTarget,
+    make_plan,
     plan_run,
     resolve_targets,
 )
-from losslessness.engine.run import RunResult, finish_run, make_plan, run_audit, run_shard
+from losslessness.engine.scheduler import run_shard
 from losslessness.engine.shards import (
     ShardMergeError,
     ShardResult,

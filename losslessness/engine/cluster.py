@@ -4,10 +4,10 @@ The run's unit grid does not depend on how it is split (:mod:`losslessness.engin
 N shards run anywhere merge to the one-process run count for count and verdict for verdict.
 This module only dispatches them: one Ray task per shard ``i/N``, each of which plans the run
 again from the (picklable) :class:`~losslessness.config.RunConfig` with
-:func:`~losslessness.engine.run.make_plan` (plans hold adapters with closures, which are not
-shipped), runs :func:`~losslessness.engine.run.run_shard` and returns its
+:func:`~losslessness.engine.plan.make_plan` (plans hold adapters with closures, which are not
+shipped), runs :func:`~losslessness.engine.scheduler.run_shard` and returns its
 :class:`~losslessness.engine.shards.ShardResult` (plain dataclasses and numpy arrays; it
-pickles). The caller merges them with :func:`~losslessness.engine.run.finish_run`, or saves
+pickles). The caller merges them with :func:`~losslessness.engine.finish.finish_run`, or saves
 them with :func:`~losslessness.engine.shards.save_shard` for ``losslessness merge``.
 
 Every task must plan the same night: a worker on which a target does not load plans without
@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from losslessness.config import RunConfig
-from losslessness.engine.run import make_plan, run_shard
+from losslessness.engine.plan import make_plan
+from losslessness.engine.scheduler import run_shard
 from losslessness.engine.shards import ShardResult, ShardSpec
 
 INSTALL_HINT = "pip install 'losslessness[ray]'"
@@ -135,7 +136,7 @@ def run_shards_on_ray(
 
     Returns:
         The N :class:`ShardResult` in shard order (``shard 0/N`` first); merge them with
-        :func:`losslessness.engine.run.finish_run`.
+        :func:`losslessness.engine.finish.finish_run`.
 
     Raises:
         RayNotInstalled: Ray does not import (the message names :data:`INSTALL_HINT`).

@@ -17,8 +17,8 @@ A run is a fixed grid of *units*, the same however the run is split into shards:
 - ``device``: the coupling and precision checks on the run's device;
 - ``suite``: the property suite on one target (a pytest subprocess).
 
-Seeds: a chain case's seed is ``derive_seed(run seed, "chain", case hash)`` (the same for every
-target); chunk 0 is sampled from the case seed itself and chunk j >= 1 from
+Seeds: a chain case's seed is ``derive_seed(run seed, UnitKind.CHAIN.value, case hash)`` (the
+same for every target); chunk 0 is sampled from the case seed itself and chunk j >= 1 from
 ``derive_seed(case seed, j)``, so a one-chunk run replays with ``--seed S --case C --steps N``.
 
 The family-wise false-alarm rate is one Bonferroni budget: the device checks get the share of
@@ -33,10 +33,12 @@ own documented rate per target.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import hashlib
+import importlib
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,8 +84,23 @@ from losslessness.stats.sequential import SEQUENTIAL_ALPHA_SHARE, AlphaSplit, sp
 PLAN_VERSION = "5"
 """Version of the plan's description; shards of different versions never merge."""
 
-UNIT_KINDS = ("chain", "greedy", "tree", "greedy-tree", "end-to-end", "device", "suite")
-"""Kinds of work unit, in grid order within a target."""
+
+
+class UnitKind(str, enum.Enum):
+    """Kinds of work unit, in grid order within a target (see the module docstring); the values
+    are what plan and shard files hold."""
+
+    CHAIN = "chain"
+    GREEDY = "greedy"
+    TREE = "tree"
+    GREEDY_TREE = "greedy-tree"
+    END_TO_END = "end-to-end"
+    DEVICE = "device"
+    SUITE = "suite"
+
+    def __str__(self) -> str:
+        return self.value
+
 
 DEVICE_CI_STEPS = 20_000
 """Steps per case and row type of the device checks at step multiplier 1."""
@@ -217,7 +234,7 @@ class TreeCasePlan:
         n_steps: the run's trees: ``ceil(ci_steps * step_multiplier)`` (``steps`` when the
             config fixes it).
         steps_per_call: trees per verifier call (the case's batch size).
-        seed: the case seed, ``derive_seed(run seed, "tree", case hash)``.
+        seed: the case seed, ``derive_seed(run seed, UnitKind.TREE.value, case hash)``.
     """
 
     case_id: str
@@ -236,7 +253,7 @@ class Unit:
 
     Attributes:
         index: position in the grid; shard ``i/N`` runs the units with ``index % N == i``.
-        kind: one of :data:`UNIT_KINDS`.
+        kind: which work (:class:`UnitKind`).
         target: the target's name (the device for ``device`` units).
         case_id: the battery case (chain, greedy, tree, greedy-tree) or end-to-end engine,
             else empty.
@@ -245,7 +262,7 @@ class Unit:
     """
 
     index: int
-    kind: str
+    kind: UnitKind
     target: str
     case_id: str = ""
     chunk: int = 0
@@ -355,7 +372,9 @@ class PlanRecord:
                 device_steps=int(data["device_steps"]),
                 device_note=data["device_note"],
                 suite_targets=tuple(data["suite_targets"]),
-                units=tuple(Unit(**unit) for unit in data["units"]),
+                units=tuple(
+                    Unit(**{**unit, "kind": UnitKind(unit["kind"])}) for unit in data["units"]
+                ),
                 sequential_share=float(data["sequential_share"]),
                 pvalues_targets=tuple(data["pvalues_targets"]),
             )
@@ -431,15 +450,15 @@ class RunPlan:
         }
         total = 0
         for unit in self.units if units is None else units:
-            if unit.kind == "chain":
+            if unit.kind is UnitKind.CHAIN:
                 total += unit.steps * cases[unit.case_id].n_rows
-            elif unit.kind == "greedy":
+            elif unit.kind is UnitKind.GREEDY:
                 total += greedy[unit.case_id].batch_size
-            elif unit.kind == "tree":
+            elif unit.kind is UnitKind.TREE:
                 total += unit.steps
-            elif unit.kind == "greedy-tree":
+            elif unit.kind is UnitKind.GREEDY_TREE:
                 total += greedy_trees[unit.case_id].batch_size
-            elif unit.kind == "end-to-end":
+            elif unit.kind is UnitKind.END_TO_END:
                 total += e2e[(unit.target, unit.case_id)].planned_runs
         return total
 
@@ -546,7 +565,7 @@ def _tree_case_plan(case: TreeCase, config: RunConfig, alpha: float) -> TreeCase
         capped=capped,
         n_steps=n_steps,
         steps_per_call=case.batch_size,
-        seed=derive_seed(config.seed, "tree", case.case_hash),
+        seed=derive_seed(config.seed, UnitKind.TREE.value, case.case_hash),
     )
 
 
@@ -566,7 +585,7 @@ def _chain_case_plan(case: ChainCase, config: RunConfig, alpha: float) -> ChainC
         n_steps=n_steps,
         chunk_steps=min(config.chunk_steps or n_steps, n_steps),
         steps_per_call=rows_per_call(case),
-        seed=derive_seed(config.seed, "chain", case.case_hash),
+        seed=derive_seed(config.seed, UnitKind.CHAIN.value, case.case_hash),
     )
 
 
@@ -656,7 +675,7 @@ def plan_run(
         suite_targets = [name for name in config.suite_targets if name in names]
     units: list[Unit] = []
 
-    def add(kind: str, target: str, case_id: str = "", chunk: int = 0, steps: int = 0) -> None:
+    def add(kind: UnitKind, target: str, case_id: str = "", chunk: int = 0, steps: int = 0) -> None:
         units.append(Unit(len(units), kind, target, case_id, chunk, steps))
 
     for adapter in adapters:
@@ -664,23 +683,23 @@ def plan_run(
             for case in chain:
                 grid = case_plans[case.case_id]
                 for chunk in range(grid.n_chunks):
-                    add("chain", adapter.name, case.case_id, chunk, grid.chunk_size(chunk))
+                    add(UnitKind.CHAIN, adapter.name, case.case_id, chunk, grid.chunk_size(chunk))
         if adapter.greedy is not None:
             for greedy_case in greedy:
-                add("greedy", adapter.name, greedy_case.case_id)
+                add(UnitKind.GREEDY, adapter.name, greedy_case.case_id)
         if adapter.tree is not None:
             for tree_case in tree:
                 steps = tree_plans[tree_case.case_id].n_steps
-                add("tree", adapter.name, tree_case.case_id, 0, steps)
+                add(UnitKind.TREE, adapter.name, tree_case.case_id, 0, steps)
         if adapter.greedy_tree is not None:
             for greedy_tree_case in greedy_tree:
-                add("greedy-tree", adapter.name, greedy_tree_case.case_id)
+                add(UnitKind.GREEDY_TREE, adapter.name, greedy_tree_case.case_id)
         for entry in e2e_plans.get(adapter.name, []):
-            add("end-to-end", adapter.name, entry.target.name)
+            add(UnitKind.END_TO_END, adapter.name, entry.target.name)
     if with_device:
-        add("device", config.device)
+        add(UnitKind.DEVICE, config.device)
     for name in suite_targets:
-        add("suite", name)
+        add(UnitKind.SUITE, name)
     record = PlanRecord(
         plan_version=PLAN_VERSION,
         config=config,
@@ -707,11 +726,41 @@ def plan_run(
     return RunPlan(record, adapters, chain, greedy, e2e_plans, tree, greedy_tree)
 
 
+DEVICE_CHECKS_MODULE = "losslessness.engine.device"
+"""Where the device-check unit's ``run_device_checks`` lives (imported on use: torch CUDA
+and the GPU adapters load there)."""
+
+
+def load_device_checks() -> tuple[Callable[..., Any] | None, str | None]:
+    """``run_device_checks`` of :data:`DEVICE_CHECKS_MODULE`, or None and why it is missing."""
+    try:
+        module = importlib.import_module(DEVICE_CHECKS_MODULE)
+    except ImportError as error:
+        return None, f"{DEVICE_CHECKS_MODULE} does not import: {error}"
+    function = getattr(module, "run_device_checks", None)
+    if function is None:
+        return None, f"{DEVICE_CHECKS_MODULE} has no run_device_checks"
+    checks: Callable[..., Any] = function
+    return checks, None
+
+
+def make_plan(config: RunConfig, greedy: bool = False) -> RunPlan:
+    """Resolve ``config.targets`` (every registered adapter when empty), look for the device
+    checks when the config asks for them, and plan the run.
+
+    Raises:
+        ValueError: unknown or repeated target names, or unknown case ids.
+    """
+    adapters, unavailable = resolve_targets(config.targets, greedy=greedy)
+    note = load_device_checks()[1] if config.device_checks else None
+    return plan_run(config, [*adapters, *unavailable], note)
+
+
 __all__ = [
+    "DEVICE_CHECKS_MODULE",
     "DEVICE_CI_STEPS",
     "MIN_STEPS",
     "PLAN_VERSION",
-    "UNIT_KINDS",
     "CasePlan",
     "ChainCasePlan",
     "PlanRecord",
@@ -719,7 +768,10 @@ __all__ = [
     "TreeCasePlan",
     "UnavailableTarget",
     "Unit",
+    "UnitKind",
     "end_to_end_check_ids",
+    "load_device_checks",
+    "make_plan",
     "plan_case",
     "plan_run",
     "resolve_targets",

@@ -2,17 +2,21 @@
 
 Shard ``i/N`` runs the units of the plan's grid whose index is ``i`` modulo ``N``. What a shard
 keeps of a chain case is its count table (:mod:`losslessness.engine.tables`); of the other
-units (greedy, end-to-end, device, suite), their check results.
+units (greedy, tree, end-to-end, device, suite), their check results. Every shard also carries
+the plan's chain cases themselves (their exact tensors), so that the finish runs the checks on
+the cases that were sampled, whatever battery the finishing process has.
 
 Files are ``.npz`` (numpy's own container, ``allow_pickle=False``) holding one records and one
-counts array per (target, case) and a JSON metadata string: the format version, the plan record
-and its fingerprint, the shard spec, the units run with their timings and failures, and the
-results of the units that are not count tables.
+counts array per (target, case), the p and q tensors of every chain case, and a JSON metadata
+string: the format version, the plan record and its fingerprint, the shard spec, the chain
+cases' ids, summaries and tags, the units run with their timings and failures, and the results
+of the units that are not count tables.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import json
 import re
 import zipfile
@@ -21,12 +25,20 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
-from losslessness.engine.plan import PlanRecord
+from losslessness.cases import ChainCase
+from losslessness.checks.sequential import AssertionKey, evidence_from_json, evidence_to_json
+from losslessness.engine.plan import PlanRecord, Unit, UnitKind
 from losslessness.engine.tables import CountTable, merge_tables
-from losslessness.results import CheckResult, check_from_dict, check_to_dict
+from losslessness.results import (
+    CheckResult,
+    SequentialEvidence,
+    check_from_dict,
+    check_to_dict,
+)
 
-SHARD_FORMAT_VERSION = "2"
+SHARD_FORMAT_VERSION = "3"
 """Version of the shard file layout; :func:`load_shard` rejects other versions."""
 
 _SHARD_PATTERN = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
@@ -84,6 +96,47 @@ def parse_shard_spec(text: str) -> ShardSpec:
     return ShardSpec(index, count)
 
 
+class FailureKind(str, enum.Enum):
+    """Why a unit did not finish as planned (:attr:`UnitRecord.failure_kind`); the values are
+    what shard files hold.
+
+    PROTOCOL: the target returned malformed output (LOSSY). ERROR: the target raised or hung.
+    NOT_APPLICABLE: the target raised :class:`~losslessness.adapters.NotApplicable` for the
+    case (its checks are SKIPPED with ``not applicable: <reason>``). UNAVAILABLE: the unit's
+    optional package is missing here. STOPPED: a chain chunk or tree unit not sampled because
+    its case or target was already decided LOSSY (sequential early stop) or the time budget
+    was spent: not an error, the case's checks run on what was sampled. INCOMPLETE: the run was
+    interrupted (Ctrl-C) before the unit finished.
+    """
+
+    PROTOCOL = "protocol"
+    ERROR = "error"
+    NOT_APPLICABLE = "not-applicable"
+    UNAVAILABLE = "unavailable"
+    STOPPED = "stopped"
+    INCOMPLETE = "incomplete"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class SuiteRun:
+    """What a property-suite unit's pytest subprocess left besides its check results.
+
+    Attributes:
+        command: the pytest command line (it replays the suite run).
+        returncode: pytest's exit status.
+        junit_xml: pytest's junit XML report ("" when none was written).
+        output_tail: the end of pytest's output.
+    """
+
+    command: list[str]
+    returncode: int
+    junit_xml: str
+    output_tail: str
+
+
 @dataclass
 class UnitRecord:
     """What one unit produced besides its count table.
@@ -95,18 +148,23 @@ class UnitRecord:
         verify_steps: verification steps (batch rows) the target ran.
         verifier_calls: calls made to the target.
         verifier_time_s: seconds spent inside the target.
-        failure_kind: ``protocol`` (malformed output), ``error`` (the target raised or hung),
-            ``not-applicable`` (the target raised ``NotApplicable``: its checks are SKIPPED) or
-            ``unavailable`` (the unit's optional package is missing here), or None.
+        failure_kind: why the unit did not finish as planned (:class:`FailureKind`), or None.
         failure: the message of the failure (for ``unavailable``: the reason and the command
             that installs what is missing).
-        checks: results of greedy, end-to-end, device and suite units.
-        extra: JSON-able extras (device: unavailable adapters; suite: exit code, junit XML).
+        checks: results of greedy, tree, end-to-end, device and suite units.
+        sequential: the sequential monitor's evidence by assertion (chain chunks and tree
+            units of a run that stops early on evidence), else None.
+        stopped: why a chain chunk or tree unit stopped before its planned steps (``LOSSY:
+            <reason>``, the time budget, an interrupt), else None.
+        planned_steps: the steps a stopped chain chunk had planned, else None.
+        interrupted: Ctrl-C came while the unit's stream ran (its target cannot be LOSSLESS).
+        unavailable: a device unit's adapters missing on the device, as (name, reason).
+        suite_run: a suite unit's pytest run, else None.
     """
 
     index: int
     key: str
-    kind: str
+    kind: UnitKind
     target: str
     case_id: str = ""
     chunk: int = 0
@@ -114,10 +172,25 @@ class UnitRecord:
     verify_steps: int = 0
     verifier_calls: int = 0
     verifier_time_s: float = 0.0
-    failure_kind: str | None = None
+    failure_kind: FailureKind | None = None
     failure: str | None = None
     checks: list[CheckResult] = field(default_factory=list)
-    extra: dict[str, Any] = field(default_factory=dict)
+    sequential: dict[AssertionKey, SequentialEvidence] | None = None
+    stopped: str | None = None
+    planned_steps: int | None = None
+    interrupted: bool = False
+    unavailable: list[tuple[str, str]] = field(default_factory=list)
+    suite_run: SuiteRun | None = None
+
+    @classmethod
+    def of(
+        cls, unit: Unit, failure_kind: FailureKind | None = None, failure: str | None = None
+    ) -> UnitRecord:
+        """The record of ``unit``, empty or with a failure."""
+        return cls(
+            unit.index, unit.key, unit.kind, unit.target, unit.case_id, unit.chunk,
+            failure_kind=failure_kind, failure=failure,
+        )
 
 
 @dataclass
@@ -130,6 +203,7 @@ class ShardResult:
         units: the records of every unit run, by grid index.
         tables: count tables by (target, case id): the shard's chunks in grid order (in memory)
             or canonical (loaded from a file).
+        cases: the plan's chain cases, by case id (their hashes are the plan's).
         environment: versions where the shard ran.
         started_at: ISO 8601 UTC start.
         wall_time_s: seconds the shard took.
@@ -140,6 +214,7 @@ class ShardResult:
     shard: ShardSpec
     units: dict[int, UnitRecord]
     tables: dict[tuple[str, str], CountTable]
+    cases: dict[str, ChainCase]
     environment: dict[str, str]
     started_at: str
     wall_time_s: float
@@ -165,14 +240,28 @@ def _json_default(value: object) -> Any:
 
 
 def _unit_to_dict(unit: UnitRecord) -> dict[str, Any]:
-    data = dataclasses.asdict(unit)
+    data = {
+        field.name: getattr(unit, field.name)
+        for field in dataclasses.fields(unit)
+        if field.name not in ("checks", "sequential", "suite_run")
+    }
     data["checks"] = [check_to_dict(check) for check in unit.checks]
+    data["sequential"] = None if unit.sequential is None else evidence_to_json(unit.sequential)
+    data["suite_run"] = None if unit.suite_run is None else dataclasses.asdict(unit.suite_run)
     return data
 
 
 def _unit_from_dict(data: dict[str, Any]) -> UnitRecord:
     values = dict(data)
+    values["kind"] = UnitKind(values["kind"])
+    if values["failure_kind"] is not None:
+        values["failure_kind"] = FailureKind(values["failure_kind"])
     values["checks"] = [check_from_dict(check) for check in values["checks"]]
+    if values["sequential"] is not None:
+        values["sequential"] = evidence_from_json(values["sequential"])
+    if values["suite_run"] is not None:
+        values["suite_run"] = SuiteRun(**values["suite_run"])
+    values["unavailable"] = [(str(name), str(reason)) for name, reason in values["unavailable"]]
     return UnitRecord(**values)
 
 
@@ -195,12 +284,21 @@ def save_shard(shard: ShardResult, path: str | Path) -> Path:
         )
         arrays[f"records_{i}"] = records.astype(np.int32 if fits else np.int64)
         arrays[f"counts_{i}"] = table.counts
+    case_ids = sorted(shard.cases)
+    for j, case_id in enumerate(case_ids):
+        case = shard.cases[case_id]
+        arrays[f"case_target_{j}"] = case.target_probs.detach().cpu().numpy()
+        arrays[f"case_draft_{j}"] = case.draft_probs.detach().cpu().numpy()
     meta = {
         "format_version": SHARD_FORMAT_VERSION,
         "fingerprint": shard.fingerprint,
         "plan": shard.plan.to_json(),
         "shard": [shard.shard.index, shard.shard.count],
         "tables": [list(key) for key in keys],
+        "cases": [
+            [case_id, shard.cases[case_id].summary, sorted(shard.cases[case_id].tags)]
+            for case_id in case_ids
+        ],
         "units": [_unit_to_dict(unit) for _, unit in sorted(shard.units.items())],
         "environment": shard.environment,
         "started_at": shard.started_at,
@@ -247,11 +345,26 @@ def load_shard(path: str | Path) -> ShardResult:
         raise ShardMergeError(f"{path}: {error}") from error
     if plan.fingerprint != meta["fingerprint"]:
         raise ShardMergeError(f"{path}: the plan does not match its fingerprint (altered file?)")
+    cases = {
+        case_id: ChainCase(
+            case_id,
+            summary,
+            torch.from_numpy(arrays[f"case_target_{j}"]),
+            torch.from_numpy(arrays[f"case_draft_{j}"]),
+            frozenset(tags),
+        )
+        for j, (case_id, summary, tags) in enumerate(meta["cases"])
+    }
+    recorded = {case_id: case.case_hash for case_id, case in cases.items()}
+    planned = {case_id: grid.case_hash for case_id, grid in plan.chain_cases.items()}
+    if recorded != planned:
+        raise ShardMergeError(f"{path}: the chain cases do not match the plan's (altered file?)")
     return ShardResult(
         plan=plan,
         shard=ShardSpec(*meta["shard"]),
         units={unit.index: unit for unit in units},
         tables=tables,
+        cases=cases,
         environment=meta["environment"],
         started_at=meta["started_at"],
         wall_time_s=meta["wall_time_s"],
@@ -289,6 +402,12 @@ class MergedShards:
     units: dict[int, UnitRecord]
     tables: dict[tuple[str, str], CountTable]
     shards: list[ShardResult]
+
+    @property
+    def cases(self) -> dict[str, ChainCase]:
+        """The plan's chain cases, by case id (every shard carries the same: their hashes are
+        the plan's)."""
+        return self.shards[0].cases
 
     @property
     def fingerprint(self) -> str:
@@ -347,10 +466,12 @@ def merge_shards(shards: list[ShardResult]) -> MergedShards:
 
 __all__ = [
     "SHARD_FORMAT_VERSION",
+    "FailureKind",
     "MergedShards",
     "ShardMergeError",
     "ShardResult",
     "ShardSpec",
+    "SuiteRun",
     "UnitRecord",
     "load_shard",
     "merge_shards",

@@ -42,9 +42,12 @@ from losslessness.engine.plan import (
     RunPlan,
     TreeCasePlan,
     UnavailableTarget,
+    UnitKind,
     _chain_case_plan,
     _tree_case_plan,
+    load_device_checks,
     plan_run,
+    resolve_targets,
 )
 from losslessness.seeding import derive_seed
 
@@ -104,7 +107,7 @@ class Throughput:
     """
 
     chain: dict[tuple[str, str], CallCost] = field(default_factory=dict)
-    per_call_s: dict[tuple[str, str, str], float] = field(default_factory=dict)
+    per_call_s: dict[tuple[str, UnitKind, str], float] = field(default_factory=dict)
     per_sequence_s: dict[tuple[str, str], float] = field(default_factory=dict)
     warm_up_s: float = 0.0
     failures: dict[str, str] = field(default_factory=dict)
@@ -158,18 +161,18 @@ def _measure_adapter(
                                                            per_step)
     if adapter.greedy is not None:
         for greedy_case in plan.greedy_cases:
-            measured.per_call_s[(name, "greedy", greedy_case.case_id)] = _timed(
+            measured.per_call_s[(name, UnitKind.GREEDY, greedy_case.case_id)] = _timed(
                 sample_greedy, adapter.greedy, greedy_case, timeout
             )
     if adapter.tree is not None:
         for tree_case in plan.tree_cases:
             seed = derive_seed(config.seed, "warm-up", name, tree_case.case_hash)
-            measured.per_call_s[(name, "tree", tree_case.case_id)] = _timed(
+            measured.per_call_s[(name, UnitKind.TREE, tree_case.case_id)] = _timed(
                 sample_tree, adapter.tree, tree_case, tree_case.batch_size, seed, timeout
             )
     if adapter.greedy_tree is not None:
         for greedy_tree_case in plan.greedy_tree_cases:
-            measured.per_call_s[(name, "greedy-tree", greedy_tree_case.case_id)] = _timed(
+            measured.per_call_s[(name, UnitKind.GREEDY_TREE, greedy_tree_case.case_id)] = _timed(
                 sample_greedy_tree, adapter.greedy_tree, greedy_tree_case, timeout
             )
     for entry in plan.end_to_end.get(name, []):
@@ -255,13 +258,14 @@ def estimate_seconds(
             ]
             mine[case.case_id] = cost.seconds(sizes)
         for tree_case in plan.tree_cases:
-            per_call = measured.per_call_s.get((adapter.name, "tree", tree_case.case_id))
+            per_call = measured.per_call_s.get((adapter.name, UnitKind.TREE, tree_case.case_id))
             if per_call is None or (cases is not None and tree_case.case_id not in cases):
                 continue
             trees = _tree_plan(tree_case, config, plan.record.alpha_split.fixed).n_steps
             mine[tree_case.case_id] = per_call * math.ceil(trees / tree_case.batch_size)
         for (target, kind, case_id), per_call in measured.per_call_s.items():
-            if target == adapter.name and kind != "tree" and (cases is None or case_id in cases):
+            wanted = cases is None or case_id in cases
+            if target == adapter.name and kind is not UnitKind.TREE and wanted:
                 mine[case_id] = per_call
         for entry in plan.end_to_end.get(adapter.name, []):
             per_sequence = measured.per_sequence_s.get((adapter.name, entry.target.name))
@@ -506,6 +510,46 @@ def _kept_cases(plan: RunPlan, dropped: Sequence[str]) -> list[str]:
     return [case_id for case_id in dict.fromkeys(every) if case_id not in dropped]
 
 
+def make_budgeted_plan(
+    config: RunConfig, greedy: bool = False, announce: Callable[[str], None] | None = None
+) -> tuple[RunPlan, float | None, str | None]:
+    """:func:`make_plan`, fitted to ``config.time_budget_s`` when set
+    (:func:`plan_within_budget`).
+
+    Raises:
+        ValueError: unknown or repeated target names, or unknown case ids.
+    """
+    adapters, unavailable = resolve_targets(config.targets, greedy=greedy)
+    note = load_device_checks()[1] if config.device_checks else None
+    return plan_within_budget(config, [*adapters, *unavailable], note, announce)
+
+
+def plan_within_budget(
+    config: RunConfig,
+    targets: Sequence[Adapter | UnavailableTarget],
+    device_note: str | None = None,
+    announce: Callable[[str], None] | None = None,
+) -> tuple[RunPlan, float | None, str | None]:
+    """The run's plan; with a time budget, fitted to it first
+    (:func:`losslessness.engine.time_budget.fit_time_budget`, its claim passed to ``announce``
+    before any sampling).
+
+    Returns:
+        (the plan; the ``time.perf_counter()`` deadline of chain sampling, or None; the
+        budget's claim, or None).
+    """
+    if config.time_budget_s is None:
+        return plan_run(config, targets, device_note), None, None
+    began = time.perf_counter()
+    fit = fit_time_budget(config, targets, device_note)
+    if announce is not None:
+        announce(fit.claim)
+    plan = plan_run(fit.config, targets, device_note)
+    # The budget counts from the end of the warm-up: the fit's own search is inside it.
+    deadline = began + fit.warm_up_s + DEADLINE_FRACTION * config.time_budget_s
+    return plan, deadline, fit.claim
+
+
 __all__ = [
     "CAP_STEP",
     "DEADLINE_FRACTION",
@@ -519,6 +563,8 @@ __all__ = [
     "Throughput",
     "estimate_seconds",
     "fit_time_budget",
+    "make_budgeted_plan",
     "measure_throughput",
+    "plan_within_budget",
     "reached_tvs",
 ]

@@ -3,6 +3,7 @@ evidence, never on a correct verifier's samples, and their evidence lands on the
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -10,12 +11,7 @@ import pytest
 
 from losslessness.batteries import default_chain_battery, default_tree_battery
 from losslessness.checks import run_chain_checks
-from losslessness.checks.sequential import (
-    ChainMonitor,
-    attach_sequential_evidence,
-    evidence_to_json,
-    merged_evidence,
-)
+from losslessness.checks.sequential import ChainMonitor, merged_evidence
 from losslessness.checks.tree_sequential import TreeMonitor
 from losslessness.engine.draw import ChainSampler, sample_tree
 from losslessness.reference import verify
@@ -92,13 +88,13 @@ def test_monitor_stops_at_the_first_call_with_an_impossible_token() -> None:
 
 
 def test_attached_crossing_makes_the_result_lossy_with_its_evidence() -> None:
-    """Attaching evidence: the crossed assertion's result is LOSSY whatever its fixed-n test
-    said on the steps drawn, and every monitored result carries its sequential record; the
-    JSON round trip keeps it."""
+    """Evidence in the context: the crossed assertion's result is LOSSY whatever its fixed-n
+    test said on the steps drawn, and every monitored result carries its sequential record."""
     monitor, sampler = _feed(shifted_bonus, "v8-far", 20_000, 1e-6)
-    results = run_chain_checks(sampler.samples(), _context("v8-far"))
-    evidence = merged_evidence([evidence_to_json(monitor.evidence())])
-    attach_sequential_evidence(results, evidence, "stopped")
+    context = dataclasses.replace(
+        _context("v8-far"), sequential=merged_evidence([monitor.evidence()]), stop_reason="stop"
+    )
+    results = run_chain_checks(sampler.samples(), context)
     crossed = [r for r in results if r.sequential is not None and r.sequential.crossed]
     assert crossed and all(r.verdict is Verdict.LOSSY for r in crossed)
     assert all("sequential test" in r.message or r.p_value <= r.alpha for r in crossed)
@@ -145,13 +141,12 @@ def test_tree_monitor_keys_match_the_results_they_attach_to() -> None:
     """Every assertion the tree monitor follows lands on the result of the same assertion
     (law classes by depth and token, acceptance at depth 1, independence)."""
     from losslessness.checks import run_tree_checks
-    from losslessness.checks.sequential import assertion_key
 
     case = next(c for c in default_tree_battery() if c.draft_scheme == "iid")
     context = CheckContext("t", case.case_id, case.summary, case.case_hash, 1e-4, 0.9, 0.05, 0)
     monitor = TreeMonitor(case, 2048, 1e-6, context)
     samples = sample_tree(verify_tree, case, 2048, 5, monitor=monitor.update)
-    keys = {assertion_key(result) for result in run_tree_checks(samples, context)}
+    keys = {result.assertion_key for result in run_tree_checks(samples, context)}
     assert set(monitor.evidence()) <= keys
     assert {key[0] for key in monitor.evidence()} >= {"tree.law", "tree.independence"}
 

@@ -12,6 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from losslessness.adapters import Adapter, resolve_adapter
+from losslessness.cases import ChainCase
 from losslessness.cli import main
 from losslessness.config import RunConfig
 from losslessness.engine import (
@@ -25,7 +26,7 @@ from losslessness.engine import (
     run_shard,
     save_shard,
 )
-from losslessness.engine.run import RunResult
+from losslessness.engine.finish import RunResult
 from losslessness.engine.suite import parse_junit
 from losslessness.engine.tables import count_records, merge_tables
 from losslessness.results import TargetVerdict, Verdict
@@ -183,6 +184,29 @@ def test_merge_refuses_duplicate_and_missing_units(plan: RunPlan, tmp_path: Path
         finish_run([shard, dataclasses.replace(shard, source="copy.npz")])
     with pytest.raises(ShardMergeError, match=r"units were run by no shard given"):
         finish_run([shard])
+
+
+def test_shard_files_carry_the_chain_cases_and_refuse_altered_ones(
+    plan: RunPlan, tmp_path: Path
+) -> None:
+    """A shard file holds the plan's chain cases themselves (the finish checks them, not the
+    battery it imports): loaded back, every case has its exact tensors, summary and tags; a
+    file whose case tensors differ from the plan's hashes is refused."""
+    shard = run_shard(plan, ShardSpec(0, 2), tmp_path)
+    loaded = load_shard(save_shard(shard, tmp_path / "s.npz"))
+    assert loaded.cases.keys() == {case.case_id for case in plan.chain_cases}
+    for case in plan.chain_cases:
+        back = loaded.cases[case.case_id]
+        assert back.case_hash == case.case_hash
+        assert (back.summary, back.tags) == (case.summary, case.tags)
+        assert back.target_probs.dtype == case.target_probs.dtype
+    first = plan.chain_cases[0]
+    altered = ChainCase(
+        first.case_id, first.summary, first.target_probs.flip(-1), first.draft_probs, first.tags
+    )
+    forged = dataclasses.replace(shard, cases={**shard.cases, first.case_id: altered})
+    with pytest.raises(ShardMergeError, match="chain cases do not match"):
+        load_shard(save_shard(forged, tmp_path / "forged.npz"))
 
 
 def test_suite_junit_maps_failures_to_lossy_and_errors_to_error() -> None:

@@ -20,8 +20,9 @@ from losslessness.batteries import (
 from losslessness.checks.tree_assertions import tree_assertions, tree_steps
 from losslessness.cli import main
 from losslessness.config import RunConfig
+from losslessness.engine.finish import finish_run
 from losslessness.engine.plan import MIN_STEPS, PlanRecord, plan_run
-from losslessness.engine.run import finish_run, run_shard
+from losslessness.engine.scheduler import run_shard
 from losslessness.engine.shards import ShardSpec, load_shard, save_shard
 from losslessness.results import TargetVerdict
 from tests.checks.test_tree import _highest_index_greedy, _star_iid_verifier
@@ -135,7 +136,7 @@ def test_a_malformed_tree_output_is_lossy_and_a_crash_is_an_error() -> None:
     """A tree verifier returning float tokens is a protocol violation (LOSSY, malformed output,
     in tree.structure); one that raises is ERROR on every tree check of the case."""
     from losslessness.adapters import Adapter
-    from losslessness.engine.run import run_audit
+    from losslessness.engine.audit import run_audit
     from losslessness.protocol import TreeOutput
 
     def float_tokens(target, draft, parents, token_ids, scheme, generator):  # type: ignore[no-untyped-def]

@@ -1,0 +1,82 @@
+"""The command that replays one assertion alone: its samples redrawn exactly, its test
+recomputed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from losslessness.checks.ids import GREEDY_CHECK_ID, PVALUES_CHECK_ID, TREE_GREEDY_CHECK_ID
+from losslessness.engine.plan import PlanRecord
+from losslessness.engine.suite import SUITE_CHECK_ID
+from losslessness.results import CheckResult, TargetResult
+
+SUITE_PREFIX = "suite:"
+"""Prefix of a property-suite run's target name (``suite:<target>``)."""
+
+
+def replay_command(plan: PlanRecord, check: CheckResult, greedy: bool = False) -> str | None:
+    """The command that redraws exactly the samples behind ``check`` and recomputes its test
+    (its p-value; its significance level is that of a run of the replayed case alone), or None
+    where no command can (device comparisons, suite runs replay with their pytest command).
+
+    A chain check's command names the steps its case drew (fewer than planned when the case
+    stopped early) and ``--no-early-stop``, so the replay draws all of them whatever its own
+    level; a check made LOSSY by its sequential test gets back its samples and fixed-n p-value
+    (its e-value is in the record)."""
+    config = plan.config
+    grid = plan.chain_cases.get(check.case_id)
+    if (
+        check.check_id in ("coupling", "two-sample", "precision", SUITE_CHECK_ID, PVALUES_CHECK_ID)
+        or "@" in check.target
+    ):
+        return None
+    command = f"losslessness audit {check.target}"
+    if greedy and check.check_id == GREEDY_CHECK_ID:
+        command += " --greedy"
+    if check.check_id.startswith("tree.") and greedy:
+        # A pkg.module:callable audited as a tree verifier is named by its option.
+        option = "--tree-greedy" if check.check_id == TREE_GREEDY_CHECK_ID else "--tree"
+        command = f"losslessness audit {option} {check.target}"
+    command += f" --seed {config.seed} --case {check.case_id} --only {check.check_id}"
+    tree_grid = plan.tree_cases.get(check.case_id)
+    steps = (
+        check.details.get("steps", grid.n_steps) if grid is not None
+        else tree_grid.n_steps if tree_grid is not None
+        else check.details.get("steps")
+    )
+    if steps:
+        command += f" --steps {steps}"
+    if grid is not None and grid.n_chunks > 1:
+        command += f" --chunk-steps {grid.chunk_steps}"
+    if grid is not None:
+        # The steps the case drew, every one of them: a replay never stops on its own
+        # evidence (its level, and so its stopping point, depends on what it selects).
+        command += " --no-early-stop"
+    return command
+
+
+def attach_replays(
+    plan: PlanRecord,
+    targets: Sequence[TargetResult],
+    suite_commands: Mapping[str, Sequence[str]],
+) -> None:
+    """Set the replay command of every check of ``targets``, in place, once the run is
+    finished: a suite run's checks get its pytest command (``suite_commands``, by target),
+    every other check :func:`replay_command`'s (a ``pkg.module:callable`` target is named by
+    its option).
+
+    Args:
+        plan: the run's plan record.
+        targets: the run's target results.
+        suite_commands: the pytest command line of each suite run, by audited target.
+    """
+    greedy_callables = {name for name, _, _ in plan.targets if ":" in name}
+    for target in targets:
+        is_suite = target.name.startswith(SUITE_PREFIX)
+        for check in target.checks:
+            if is_suite:
+                command = suite_commands.get(target.name.removeprefix(SUITE_PREFIX))
+                check.replay = " ".join(command) if command else None
+            else:
+                check.replay = replay_command(plan, check, target.name in greedy_callables)

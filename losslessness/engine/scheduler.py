@@ -1,0 +1,113 @@
+"""Running a shard: the units shard ``i/N`` owns, in grid order (a target's chain units
+interleaved), with a progress callback, a time budget's deadline and Ctrl-C handling.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from losslessness.engine.chains import run_chain_units
+from losslessness.engine.plan import RunPlan, UnitKind
+from losslessness.engine.shards import FailureKind, ShardResult, ShardSpec, UnitRecord
+from losslessness.engine.state import (
+    INTERRUPTED_MESSAGE,
+    ProgressCallback,
+    ProgressTracker,
+    ShardState,
+)
+from losslessness.engine.tables import concatenate_tables
+from losslessness.engine.units import run_unit
+from losslessness.results import run_environment
+
+
+def run_shard(
+    plan: RunPlan,
+    spec: ShardSpec,
+    work_dir: str | Path | None = None,
+    progress: ProgressCallback | None = None,
+    deadline: float | None = None,
+) -> ShardResult:
+    """Run the units shard ``spec`` owns and keep their sufficient statistics.
+
+    Args:
+        plan: the run's plan (the same on every shard).
+        spec: which shard.
+        work_dir: where the property suite runs (``work_dir/suite/...``); default the
+            current directory.
+        progress: optional callback (steps done, steps planned, label).
+        deadline: ``time.perf_counter()`` value at which chain sampling stops (the time
+            budget): every case keeps the steps it drew, and its checks report the minimum
+            detectable TV those reach.
+
+    Returns:
+        :class:`ShardResult` (save it with :func:`losslessness.engine.shards.save_shard`).
+    """
+    started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    began = time.perf_counter()
+    mine = [unit for unit in plan.units if spec.takes(unit.index)]
+    tracker = ProgressTracker(progress, plan.planned_steps(mine))
+    state = ShardState(
+        plan, tracker, Path(work_dir) if work_dir is not None else Path.cwd(), spec, deadline
+    )
+    records: dict[int, UnitRecord] = {}
+    interrupted = False
+    position = 0
+    while position < len(mine):
+        unit = mine[position]
+        if unit.kind is UnitKind.CHAIN and not interrupted and unit.target not in state.hung:
+            # A target's chain units are consecutive in the grid: they run interleaved.
+            group = [unit]
+            while (
+                position + len(group) < len(mine)
+                and mine[position + len(group)].kind is UnitKind.CHAIN
+                and mine[position + len(group)].target == unit.target
+            ):
+                group.append(mine[position + len(group)])
+            try:
+                run_chain_units(state, group, records)
+            except KeyboardInterrupt:
+                interrupted = True
+            for member in group:
+                if member.index not in records:
+                    records[member.index] = UnitRecord.of(
+                        member, FailureKind.INCOMPLETE, INTERRUPTED_MESSAGE
+                    )
+            position += len(group)
+            continue
+        position += 1
+        tracker.label = f"{unit.target} {unit.case_id}".strip()
+        unit_began = time.perf_counter()
+        if interrupted:
+            record = UnitRecord.of(unit, FailureKind.INCOMPLETE, INTERRUPTED_MESSAGE)
+        elif unit.target in state.hung:
+            record = UnitRecord.of(
+                unit,
+                FailureKind.ERROR,
+                f"skipped: the target hung on an earlier call ({state.hung[unit.target]})",
+            )
+        else:
+            record = UnitRecord.of(unit)
+            try:
+                run_unit(state, unit, record)
+            except KeyboardInterrupt:
+                # Ctrl-C: keep what finished, record this unit and the rest as not run.
+                interrupted = True
+                record = UnitRecord.of(unit, FailureKind.INCOMPLETE, INTERRUPTED_MESSAGE)
+        record.wall_time_s = time.perf_counter() - unit_began
+        records[unit.index] = record
+    tracker.label = "done"
+    tracker.advance(0)
+    return ShardResult(
+        plan=plan.record,
+        shard=spec,
+        units=records,
+        tables={key: concatenate_tables(parts) for key, parts in sorted(state.chunks.items())},
+        cases={case.case_id: case for case in plan.chain_cases},
+        environment=run_environment(),
+        started_at=started,
+        wall_time_s=time.perf_counter() - began,
+    )
+
+

@@ -1,0 +1,258 @@
+"""One runner per unit kind that is not a chain chunk (greedy, tree, greedy tree, end-to-end,
+device checks, property suite): each calls its target once for the unit and records the
+unit's check results.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import time
+from typing import Any
+
+from losslessness.adapters import NotApplicable
+from losslessness.checks import malformed_output_result, run_tree_checks
+from losslessness.checks.greedy import check_greedy
+from losslessness.checks.ids import (
+    GREEDY_CHECK_ID,
+    TREE_CHECK_IDS,
+    TREE_GREEDY_CHECK_ID,
+    TREE_STRUCTURE_CHECK_ID,
+)
+from losslessness.checks.tree_greedy import check_tree_greedy
+from losslessness.checks.tree_sequential import TreeMonitor
+from losslessness.engine.draw import (
+    ProtocolViolation,
+    sample_greedy,
+    sample_greedy_tree,
+    sample_tree,
+)
+from losslessness.engine.end_to_end import EndToEndPlan, end_to_end_checks, sample_end_to_end
+from losslessness.engine.plan import (
+    RunPlan,
+    Unit,
+    UnitKind,
+    end_to_end_check_ids,
+    load_device_checks,
+)
+from losslessness.engine.shards import FailureKind, SuiteRun, UnitRecord
+from losslessness.engine.state import (
+    ShardState,
+    check_context,
+    failure_message,
+    record_target_error,
+    untested_results,
+)
+from losslessness.results import Verdict
+
+
+def _run_greedy_unit(state: ShardState, unit: Unit, record: UnitRecord) -> None:
+    plan = state.plan
+    adapter = plan.adapter(unit.target)
+    assert adapter.greedy is not None
+    case = next(case for case in plan.greedy_cases if case.case_id == unit.case_id)
+    context = check_context(plan.record, unit.target, case.case_id, case.summary, case.case_hash, 0)
+    began = time.perf_counter()
+    try:
+        outputs = sample_greedy(adapter.greedy, case, plan.config.timeout_s)
+    except ProtocolViolation as violation:
+        record.checks = [malformed_output_result(context, violation, GREEDY_CHECK_ID)]
+        return
+    except Exception as error:
+        record_target_error(state, record, error)
+        record.checks = untested_results(context, record, [GREEDY_CHECK_ID])
+        return
+    finally:
+        record.verifier_time_s = time.perf_counter() - began
+        state.tracker.advance(case.batch_size)
+    record.verify_steps = case.batch_size
+    record.verifier_calls = 1
+    record.checks = [check_greedy(outputs, case, context)]
+
+
+def _run_tree_unit(state: ShardState, unit: Unit, record: UnitRecord) -> None:
+    plan = state.plan
+    adapter = plan.adapter(unit.target)
+    assert adapter.tree is not None
+    case = next(case for case in plan.tree_cases if case.case_id == unit.case_id)
+    grid = plan.record.tree_cases[unit.case_id]
+    context = check_context(
+        plan.record, unit.target, case.case_id, case.summary, case.case_hash, grid.seed
+    )
+    context = dataclasses.replace(context, alpha=plan.record.alpha_split.fixed)
+    selected = [c for c in TREE_CHECK_IDS if plan.config.selects(c)]
+    if unit.target in state.decided:
+        record.failure_kind = FailureKind.STOPPED
+        record.failure = f"not sampled: target already LOSSY ({state.decided[unit.target]})"
+        record.checks = [context.untested(c, Verdict.SKIPPED, record.failure) for c in selected]
+        return
+    monitor = (
+        TreeMonitor(case, unit.steps, plan.record.alpha_split.sequential, context)
+        if plan.config.early_stop
+        else None
+    )
+    began = time.perf_counter()
+    try:
+        samples = sample_tree(
+            adapter.tree,
+            case,
+            unit.steps,
+            grid.seed,
+            plan.config.timeout_s,
+            progress=state.tracker.advance,
+            monitor=monitor.update if monitor is not None else None,
+        )
+    except ProtocolViolation as violation:
+        record.checks = [malformed_output_result(context, violation, TREE_STRUCTURE_CHECK_ID)]
+        record.verifier_time_s = time.perf_counter() - began
+        return
+    except Exception as error:
+        record_target_error(state, record, error)
+        record.checks = untested_results(context, record, selected)
+        record.verifier_time_s = time.perf_counter() - began
+        return
+    record.verify_steps = samples.n_steps
+    record.verifier_calls = samples.calls
+    record.verifier_time_s = samples.verifier_time_s
+    details: dict[str, Any] = {
+        "steps": samples.n_steps,
+        "capped": grid.capped,
+        "ci_steps": grid.ci_steps,
+        "needed_steps": grid.needed_steps,
+        "planned_steps": grid.n_steps,
+    }
+    reason = None
+    if monitor is not None:
+        if monitor.decision is not None:
+            reason = monitor.decision.reason
+            record.stopped = details["stopped"] = f"LOSSY: {reason}"
+            state.decided.setdefault(unit.target, f"{unit.case_id}: {reason}")
+        record.sequential = monitor.evidence()
+    context = dataclasses.replace(
+        context,
+        sampling_time_s=samples.wall_time_s,
+        details=details,
+        sequential=record.sequential or {},
+        stop_reason=reason,
+    )
+    results = run_tree_checks(samples, context)
+    record.checks = [result for result in results if plan.config.selects(result.check_id)]
+
+
+def _run_greedy_tree_unit(state: ShardState, unit: Unit, record: UnitRecord) -> None:
+    plan = state.plan
+    adapter = plan.adapter(unit.target)
+    assert adapter.greedy_tree is not None
+    case = next(case for case in plan.greedy_tree_cases if case.case_id == unit.case_id)
+    context = check_context(plan.record, unit.target, case.case_id, case.summary, case.case_hash, 0)
+    began = time.perf_counter()
+    try:
+        tokens, nodes = sample_greedy_tree(adapter.greedy_tree, case, plan.config.timeout_s)
+    except ProtocolViolation as violation:
+        record.checks = [malformed_output_result(context, violation, TREE_GREEDY_CHECK_ID)]
+        return
+    except Exception as error:
+        record_target_error(state, record, error)
+        record.checks = untested_results(context, record, [TREE_GREEDY_CHECK_ID])
+        return
+    finally:
+        record.verifier_time_s = time.perf_counter() - began
+        state.tracker.advance(case.batch_size)
+    record.verify_steps = case.batch_size
+    record.verifier_calls = 1
+    record.checks = [check_tree_greedy(tokens, nodes, case, context)]
+
+
+def _end_to_end_entry(plan: RunPlan, unit: Unit) -> EndToEndPlan:
+    return next(
+        entry for entry in plan.end_to_end[unit.target] if entry.target.name == unit.case_id
+    )
+
+
+def _run_end_to_end_unit(state: ShardState, unit: Unit, record: UnitRecord) -> None:
+    plan = state.plan
+    entry = _end_to_end_entry(plan, unit)
+    target = entry.target
+    context = check_context(
+        plan.record, unit.target, target.name, target.description, entry.case_hash, entry.seed
+    )
+    selected = [c for c in end_to_end_check_ids(target) if plan.config.selects(c)]
+    if isinstance(entry.error, NotApplicable):
+        record.failure_kind, record.failure = FailureKind.NOT_APPLICABLE, entry.error.skip_message
+    elif entry.error is not None:
+        record.failure_kind = FailureKind.ERROR
+        record.failure = failure_message(entry.error)
+    else:
+        try:
+            samples = sample_end_to_end(entry, state.tracker.advance, plan.config.timeout_s)
+        except Exception as error:
+            record_target_error(state, record, error)
+        else:
+            context = dataclasses.replace(context, sampling_time_s=samples.wall_time_s)
+            checks = end_to_end_checks(entry, samples, context)
+            record.checks = [check for check in checks if plan.config.selects(check.check_id)]
+            record.verify_steps = int(checks[-1].details.get("verify_steps", 0))
+            record.verifier_calls = len(samples.sequences)
+            record.verifier_time_s = samples.inside_s
+            return
+    record.checks = untested_results(context, record, selected)
+
+
+def _run_device_unit(state: ShardState, unit: Unit, record: UnitRecord) -> None:
+    plan = state.plan.record
+    run_device_checks, note = load_device_checks()
+    if run_device_checks is None:
+        record.failure_kind, record.failure = FailureKind.ERROR, note
+        return
+    try:
+        checks, unavailable = run_device_checks(
+            plan.config.device,
+            plan.device_steps,
+            plan.config.seed,
+            plan.device_alpha,
+        )
+    except Exception as error:
+        record.failure_kind, record.failure = FailureKind.ERROR, failure_message(error)
+    else:
+        record.checks = list(checks)
+        record.unavailable = [(name, reason) for name, reason in unavailable]
+
+
+def _run_suite_unit(state: ShardState, unit: Unit, record: UnitRecord) -> None:
+    from losslessness.engine.suite import run_suite, suite_unavailable_reason
+
+    reason = suite_unavailable_reason()
+    if reason is not None:
+        record.failure_kind, record.failure = FailureKind.UNAVAILABLE, reason
+        return
+    folder = re.sub(r"[^A-Za-z0-9_.-]", "_", unit.target)
+    outcome = run_suite(
+        state.plan.adapter(unit.target),
+        state.plan.config.suite_profile,
+        state.work_dir / "suite" / folder,
+    )
+    record.checks = outcome.checks
+    record.suite_run = SuiteRun(
+        outcome.command, outcome.returncode, outcome.junit_xml, outcome.output_tail
+    )
+
+
+_UNIT_RUNNERS = {
+    UnitKind.GREEDY: _run_greedy_unit,
+    UnitKind.TREE: _run_tree_unit,
+    UnitKind.GREEDY_TREE: _run_greedy_tree_unit,
+    UnitKind.END_TO_END: _run_end_to_end_unit,
+    UnitKind.DEVICE: _run_device_unit,
+    UnitKind.SUITE: _run_suite_unit,
+}
+
+
+def run_unit(state: ShardState, unit: Unit, record: UnitRecord) -> None:
+    """Run ``unit`` (any kind but ``chain``) and fill in ``record``: its checks, its timings,
+    and its failure when the target raised, hung or refused the case.
+
+    Raises:
+        KeyError: a chain unit (those run in streams, :mod:`losslessness.engine.chains`).
+        KeyboardInterrupt: Ctrl-C (the scheduler records the unit as not run).
+    """
+    _UNIT_RUNNERS[unit.kind](state, unit, record)
