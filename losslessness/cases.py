@@ -16,6 +16,7 @@ from functools import cached_property
 
 import torch
 
+from losslessness.laws import ChainLaws, chain_laws
 from losslessness.protocol import (
     DRAFT_SCHEMES,
     InvalidInputError,
@@ -26,7 +27,6 @@ from losslessness.protocol import (
     validate_greedy_tree_inputs,
     validate_tree_inputs,
 )
-from losslessness.reference.laws import ChainLaws, chain_laws
 
 
 def _tensor_hash(case_id: str, *tensors: torch.Tensor) -> str:
@@ -112,7 +112,7 @@ class ChainCase(CaseShape):
 
     @cached_property
     def laws(self) -> tuple[ChainLaws, ...]:
-        """Exact laws of each row type (:func:`~losslessness.reference.laws.chain_laws`),
+        """Exact laws of each row type (:func:`~losslessness.laws.chain_laws`),
         computed once per case: the plan, the monitors and every chain check read them."""
         return tuple(
             chain_laws(self.target_probs[r], self.draft_probs[r]) for r in range(self.n_rows)

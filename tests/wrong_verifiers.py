@@ -11,13 +11,9 @@ from __future__ import annotations
 
 import torch
 
+from losslessness.laws import residual_distribution
 from losslessness.protocol import validate_chain_inputs
-from losslessness.reference import (
-    accepted_lengths,
-    emitted_tokens,
-    residual_distribution,
-    sample_inverse_cdf,
-)
+from losslessness.reference import accepted_lengths, emitted_tokens, sample_inverse_cdf
 from losslessness.zoo.chain import (
     greedy_ties_to_highest,
     sample_and_match,

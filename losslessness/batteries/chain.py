@@ -16,7 +16,7 @@ import torch
 
 from losslessness.batteries.builders import mix, probs_tensor, softmax
 from losslessness.cases import ChainCase
-from losslessness.reference.laws import total_variation
+from losslessness.laws import total_variation
 
 BATTERY_SEED = 20221130
 """Seed of the battery's construction (the date of Leviathan et al.'s first arXiv version);

@@ -13,7 +13,7 @@ arXiv:2403.10444, Alg. 2; :mod:`losslessness.reference.block`) is lossless and a
 more often than sum min(p_i, q_i). What holds for every lossless verifier is a bound on the
 *prefix*: the first i+1 drafts are all accepted with probability at most
 ``sum over x^{i+1} of min(prod_j p_j(x_j), prod_j q_j(x_j))`` = 1 - TV of the joint laws of the
-first i+1 tokens (the coupling inequality; :func:`losslessness.reference.prefix_acceptance_bound`,
+first i+1 tokens (the coupling inequality; :func:`losslessness.laws.prefix_acceptance_bound`,
 exact by enumeration, or a valid looser bound it names). So the assertion at position i counts,
 among all n steps of the row, those that accepted d_0..d_i, and makes two exact one-sided
 binomial tests, each at half the assertion's level (so one assertion, as before, and its
@@ -48,9 +48,14 @@ from typing import Any
 import numpy as np
 
 from losslessness.checks.assertions import case_laws, exact_acceptance, is_reachable
+from losslessness.checks.ids import (
+    ACCEPTANCE_CHECK_ID,
+    EDGE_DISJOINT_CHECK_ID,
+    EDGE_P_EQUALS_Q_CHECK_ID,
+)
 from losslessness.checks.structure import emitted_counts
+from losslessness.laws import ChainLaws, PrefixAcceptanceBound, prefix_acceptance_bound
 from losslessness.reference.block import BLOCK_VERIFICATION, TOKEN_VERIFICATION, block_laws
-from losslessness.reference.laws import ChainLaws, PrefixAcceptanceBound, prefix_acceptance_bound
 from losslessness.results import AcceptanceCounts, CheckContext, CheckKind, CheckResult, Verdict
 from losslessness.samples import ChainSamples
 from losslessness.stats import (
@@ -60,7 +65,10 @@ from losslessness.stats import (
 )
 from losslessness.stats.binomial import rate_bound_minimum_detectable_shift, rate_bound_test
 
-_EXACT_IDS = {0.0: ("disjoint", "edge.disjoint"), 1.0: ("p-equals-q", "edge.p-equals-q")}
+_EXACT_IDS = {
+    0.0: ("disjoint", EDGE_DISJOINT_CHECK_ID),
+    1.0: ("p-equals-q", EDGE_P_EQUALS_Q_CHECK_ID),
+}
 
 BOUND_TOLERANCE = 1e-12
 """Added to the computed joint bound before testing against it (float64 rounding of a sum of
@@ -125,7 +133,7 @@ def check_acceptance(
                 what = "accepted although p(d) = 0" if exact == 0.0 else "rejected although p == q"
                 results.append(
                     context.result(
-                        edge_id if tag in case.tags else "acceptance",
+                        edge_id if tag in case.tags else ACCEPTANCE_CHECK_ID,
                         kind=CheckKind.EXACT,
                         verdict=verdict,
                         statistic=float(deviations),
@@ -164,7 +172,7 @@ def check_acceptance(
                 )
             results.append(
                 context.result(
-                    "acceptance",
+                    ACCEPTANCE_CHECK_ID,
                     kind=CheckKind.STATISTICAL,
                     verdict=verdict,
                     statistic=test.statistic,
@@ -259,7 +267,7 @@ def _prefix_result(
     }
     reached = int((counts > position).sum())
     return context.result(
-        "acceptance",
+        ACCEPTANCE_CHECK_ID,
         kind=CheckKind.STATISTICAL,
         verdict=verdict,
         statistic=conditional.observed_rate,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from losslessness.cases import ChainCase
 from losslessness.checks.ids import ACCEPTANCE_CHECK_ID, INDEPENDENCE_CHECK_ID, LAW_CHECK_ID
-from losslessness.reference.laws import ChainLaws
+from losslessness.laws import ChainLaws
 
 RATE_TOLERANCE = 1e-12
 """An acceptance probability within this of 0 or 1 is treated as exactly 0 or 1 (float64

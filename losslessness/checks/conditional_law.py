@@ -24,7 +24,7 @@ from losslessness.checks.assertions import (
     is_reachable,
     law_is_statistical,
 )
-from losslessness.checks.ids import LAW_CHECK_ID
+from losslessness.checks.ids import EDGE_ONE_HOT_CHECK_ID, LAW_CHECK_ID
 from losslessness.checks.structure import emitted_counts
 from losslessness.results import CheckContext, CheckKind, CheckResult, LawCells, Verdict
 from losslessness.samples import ChainSamples
@@ -82,7 +82,8 @@ def check_conditional_laws(samples: ChainSamples, context: CheckContext) -> list
             tokens = samples.outputs[r, counts[r] > i, i]
             p = laws.emitted[i].numpy()
             statistical = law_is_statistical(laws, i)
-            check_id = LAW_CHECK_ID if statistical or "one-hot" not in case.tags else "edge.one-hot"
+            one_hot_edge = not statistical and "one-hot" in case.tags
+            check_id = EDGE_ONE_HOT_CHECK_ID if one_hot_edge else LAW_CHECK_ID
             kind = CheckKind.STATISTICAL if statistical else CheckKind.EXACT
             common: dict[str, Any] = {"position": i, "row": r, "n": int(tokens.size)}
             details: dict[str, Any] = {"reach_probability": float(laws.reach[i])}

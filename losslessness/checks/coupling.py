@@ -53,8 +53,8 @@ from losslessness.checks.conditional_law import check_conditional_laws
 from losslessness.checks.ids import COUPLING_CHECK_ID, TWO_SAMPLE_CHECK_ID
 from losslessness.checks.precision import decision_tolerance, sample_tolerance
 from losslessness.checks.structure import emitted_counts
+from losslessness.laws import residual_distribution
 from losslessness.protocol import PLACEHOLDER
-from losslessness.reference import residual_distribution
 from losslessness.results import CheckContext, CheckKind, CheckResult, Verdict
 from losslessness.samples import ChainSamples
 from losslessness.stats import (

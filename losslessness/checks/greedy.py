@@ -8,6 +8,7 @@ import time
 import numpy as np
 
 from losslessness.cases import GreedyCase
+from losslessness.checks.ids import GREEDY_CHECK_ID
 from losslessness.reference.greedy import verify_greedy
 from losslessness.results import CheckContext, CheckKind, CheckResult, Verdict
 from losslessness.stats import exact_check_minimum_detectable_rate
@@ -46,7 +47,7 @@ def check_greedy(got: np.ndarray, case: GreedyCase, context: CheckContext) -> Ch
             f"{got[b].tolist()}{f' ({tied}-way tie at the maximum)' if tied > 1 else ''}"
         )
     return context.result(
-        "greedy",
+        GREEDY_CHECK_ID,
         kind=CheckKind.EXACT,
         n=batch,
         verdict=Verdict.LOSSY if n_bad else Verdict.PASS,

@@ -67,6 +67,9 @@ TREE_CHECK_IDS = (TREE_STRUCTURE_CHECK_ID, *STATISTICAL_TREE_CHECK_IDS)
 GREEDY_TREE_CHECK_IDS = (TREE_GREEDY_CHECK_ID,)
 """Check ids a greedy tree verifier is audited with."""
 
+DEVICE_CHECK_IDS = (COUPLING_CHECK_ID, TWO_SAMPLE_CHECK_ID, PRECISION_CHECK_ID)
+"""Check ids of the device checks (a device candidate against the CPU reference)."""
+
 ALL_CHECK_IDS = (
     *CHAIN_CHECK_IDS,
     *GREEDY_CHECK_IDS,

@@ -4,7 +4,7 @@ Two questions, answered exactly (no sampling):
 
 - **How far does casting move the laws?** A GPU kernel sees p and q in float32, float16 or
   bfloat16. The exact laws of one verification step (emitted token per position, residual,
-  acceptance, accepted length; :func:`losslessness.reference.laws.chain_laws`) of the cast and
+  acceptance, accepted length; :func:`losslessness.laws.chain_laws`) of the cast and
   renormalised inputs are compared with those of the float64 inputs. The TV distance found is
   what precision alone costs; a statistical deviation of that size is *not* an algorithmic
   loss, so it is reported as a diagnostic (``details["diagnostic"] == "precision"``, verdict
@@ -28,7 +28,7 @@ import torch
 
 from losslessness.cases import ChainCase
 from losslessness.checks.ids import PRECISION_CHECK_ID
-from losslessness.reference.laws import chain_laws, total_variation
+from losslessness.laws import chain_laws, total_variation
 from losslessness.results import CheckContext, CheckKind, CheckResult, Verdict
 
 PRECISION_DIAGNOSTIC = PRECISION_CHECK_ID

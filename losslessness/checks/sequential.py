@@ -44,7 +44,7 @@ from losslessness.checks.assertions import (
 from losslessness.checks.ids import ACCEPTANCE_CHECK_ID, INDEPENDENCE_CHECK_ID, LAW_CHECK_ID
 from losslessness.checks.independence import MIN_EXPECTED_PAIR_COUNT
 from losslessness.checks.structure import check_structure, emitted_counts
-from losslessness.reference.laws import prefix_acceptance_bound
+from losslessness.laws import prefix_acceptance_bound
 from losslessness.results import (
     LOG_E_CLIP,
     AssertionKey,

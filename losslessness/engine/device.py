@@ -204,7 +204,8 @@ def draw_coupled_samples(
 
     Each call carries ``rows_per_call(case)`` copies of every row type, interleaved (row b has
     type b % R); drafts d_i are drawn from the draft law cast to ``dtype`` (what the candidate
-    receives), from a generator seeded with ``derive_seed(seed, "coupling", case.case_hash)``;
+    receives), from a generator seeded with
+    ``derive_seed(seed, COUPLING_CHECK_ID, case.case_hash)``;
     the candidate's and the reference's own generators are seeded with ``derive_seed(seed,
     "candidate")`` and ``derive_seed(seed, "reference")``.
 

@@ -6,9 +6,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from losslessness.checks.ids import GREEDY_CHECK_ID, PVALUES_CHECK_ID, TREE_GREEDY_CHECK_ID
+from losslessness.checks.ids import (
+    DEVICE_CHECK_IDS,
+    GREEDY_CHECK_ID,
+    PVALUES_CHECK_ID,
+    SUITE_CHECK_ID,
+    TREE_GREEDY_CHECK_ID,
+)
 from losslessness.engine.plan import PlanRecord
-from losslessness.engine.suite import SUITE_CHECK_ID
 from losslessness.results import CheckResult, TargetResult
 
 SUITE_PREFIX = "suite:"
@@ -27,7 +32,7 @@ def replay_command(plan: PlanRecord, check: CheckResult, greedy: bool = False) -
     config = plan.config
     grid = plan.chain_cases.get(check.case_id)
     if (
-        check.check_id in ("coupling", "two-sample", "precision", SUITE_CHECK_ID, PVALUES_CHECK_ID)
+        check.check_id in (*DEVICE_CHECK_IDS, SUITE_CHECK_ID, PVALUES_CHECK_ID)
         or "@" in check.target
     ):
         return None

@@ -43,9 +43,9 @@ from dataclasses import dataclass
 
 import torch
 
+from losslessness.laws import residual_distribution
 from losslessness.protocol import ROW_SUM_TOLERANCE, InvalidInputError, validate_chain_inputs
 from losslessness.reference import chain_kernel
-from losslessness.reference.laws import residual_distribution
 from losslessness.reference.output import accepted_lengths, emitted_tokens
 from losslessness.reference.sampling import (
     compute_dtype,
@@ -703,7 +703,7 @@ def _final_tokens(
         p = 0 (the residual is at most p), and never a token of a residual without mass: such
         a row draws from p (a rejection there has probability 0; it happens only when the
         acceptance ratio rounds below 1, and p is then the law of the limit q -> p, as in
-        :func:`losslessness.reference.laws.residual_distribution`).
+        :func:`losslessness.laws.residual_distribution`).
     """
     dtype = compute_dtype(target_rows.device)
     if dtype != torch.float64:

@@ -46,6 +46,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from losslessness.laws import residual_distribution
 from losslessness.protocol import (
     DRAFT_SCHEMES,
     PLACEHOLDER,
@@ -58,7 +59,6 @@ from losslessness.protocol import (
 )
 from losslessness.reference import tree_kernel
 from losslessness.reference.greedy import argmax_lowest_index
-from losslessness.reference.laws import residual_distribution
 from losslessness.reference.sampling import compute_dtype, sample_inverse_cdf
 from losslessness.reference.threads import split_rows, worst_of
 
@@ -100,7 +100,7 @@ def _renormalise(probs: torch.Tensor) -> torch.Tensor:
 
 def _residual_rows(law: torch.Tensor, draft_law: torch.Tensor) -> torch.Tensor:
     """``norm(max(0, r - q))`` row-wise, equal bit for bit to
-    :func:`losslessness.reference.laws.residual_distribution` on float64 rows (the same
+    :func:`losslessness.laws.residual_distribution` on float64 rows (the same
     operations, done in place, without its full-size ``where``): rows without excess mass keep
     ``r``."""
     if law.dtype != torch.float64:

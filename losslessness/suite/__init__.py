@@ -16,7 +16,8 @@ false-alarm rate does not rely on their independence:
 - the *budget* is a union bound. The suite makes at most ``max_examples`` generated examples
   per test (the active profile's), each with a fixed maximum number of statistical assertions
   (:data:`CHAIN_ASSERTIONS_PER_EXAMPLE` for the chain test, :data:`TREE_ASSERTIONS_PER_EXAMPLE`
-  for the tree test); Bonferroni splits the family-wise rate :data:`SUITE_FAMILY_WISE_ALPHA`
+  for the tree test); Bonferroni splits the family-wise rate
+  :data:`losslessness.stats.SUITE_FAMILY_WISE_ALPHA`
   over ``max_examples x`` their sum (:data:`SUITE_ASSERTIONS_PER_EXAMPLE`), whichever of the
   two tests a run collects, which holds under any dependence between the examples, however
   Hypothesis picked them;
@@ -38,7 +39,6 @@ from losslessness.suite.support import (
     SMALL_VOCAB,
     STEPS_PER_ROW,
     SUITE_ASSERTIONS_PER_EXAMPLE,
-    SUITE_FAMILY_WISE_ALPHA,
     TREE_ASSERTIONS_PER_EXAMPLE,
     TREE_LAW_CLASSES,
     SuiteBudget,
@@ -53,7 +53,6 @@ __all__ = [
     "SMALL_VOCAB",
     "STEPS_PER_ROW",
     "SUITE_ASSERTIONS_PER_EXAMPLE",
-    "SUITE_FAMILY_WISE_ALPHA",
     "TREE_ASSERTIONS_PER_EXAMPLE",
     "TREE_LAW_CLASSES",
     "SuiteBudget",

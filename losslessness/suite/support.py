@@ -16,6 +16,7 @@ import strategies as project_strategies
 from losslessness.adapters import Adapter
 from losslessness.cases import ChainCase
 from losslessness.checks import run_chain_checks
+from losslessness.checks.ids import SUITE_CHECK_ID
 from losslessness.engine.draw import sample_chain
 from losslessness.reference.block import declared_verification
 from losslessness.results import CheckContext, CheckResult, Verdict
@@ -181,7 +182,7 @@ def run_chain_example(adapter: Adapter, case: ChainCase, replay: str) -> None:
     """
     assert adapter.chain is not None
     budget = suite_budget()
-    seed = derive_seed(0, "suite", case.case_hash)
+    seed = derive_seed(0, SUITE_CHECK_ID, case.case_hash)
     note(f"case {case.summary}, hash {case.case_hash}, seed {seed}")
     samples = sample_chain(adapter.chain, case, STEPS_PER_ROW, seed)
     context = CheckContext.for_case(

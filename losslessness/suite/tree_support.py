@@ -25,14 +25,15 @@ from hypothesis import strategies as st
 
 from losslessness.cases import GreedyTreeCase, TreeCase
 from losslessness.checks import check_tree_greedy, check_tree_law, check_tree_structure
+from losslessness.checks.ids import TREE_GREEDY_CHECK_ID, TREE_LAW_CHECK_ID, TREE_STRUCTURE_CHECK_ID
 from losslessness.checks.tree_assertions import ROOT, NodeClass, class_p, visited_classes
 from losslessness.engine.draw import ProtocolViolation, sample_greedy_tree, sample_tree
 from losslessness.protocol import GreedyTreeVerifier, TreeVerifier
 from losslessness.results import CheckContext, CheckResult, Verdict
 from losslessness.samples import TreeSamples
 from losslessness.seeding import derive_seed
+from losslessness.stats import SUITE_FAMILY_WISE_ALPHA
 from losslessness.suite.support import (
-    SUITE_FAMILY_WISE_ALPHA,
     TREE_LAW_CLASSES,
     TREE_WITNESS_EXAMPLES,
     SuiteBudget,
@@ -228,7 +229,7 @@ def run_tree_example(verifier: TreeVerifier, case: TreeCase, replay: str) -> Non
     seed = derive_seed(0, "suite-tree", case.case_hash)
     note(f"case {case.summary}, parents {list(case.parents)}, hash {case.case_hash}, "
          f"seed {seed}")
-    structure_header = _header("tree.structure", "", case, case.parents)
+    structure_header = _header(TREE_STRUCTURE_CHECK_ID, "", case, case.parents)
     try:
         samples = sample_tree(verifier, case, TREE_STEPS, seed)
     except ProtocolViolation as violation:
@@ -243,7 +244,7 @@ def run_tree_example(verifier: TreeVerifier, case: TreeCase, replay: str) -> Non
     lossy = [result for result in laws if result.verdict is Verdict.LOSSY]
     if lossy:
         where, lines = _law_failure(lossy[0], samples, budget)
-        raise TreeFailure("\n".join([*_header("tree.law", where, case, case.parents), *lines,
+        raise TreeFailure("\n".join([*_header(TREE_LAW_CHECK_ID, where, case, case.parents), *lines,
                                      *_footer(case, seed, replay)]))
 
 
@@ -256,7 +257,7 @@ def greedy_tree_failure(
     duplicate child carrying the argmax is a correct continuation, and stopping early only
     wastes drafts."""
     logits, ids = case.target_logits, case.token_ids
-    header = _header("tree.greedy", "", case, tuple(case.parents[0].tolist()))
+    header = _header(TREE_GREEDY_CHECK_ID, "", case, tuple(case.parents[0].tolist()))
     try:
         tokens, accepted = sample_greedy_tree(verifier, case)
     except ProtocolViolation as violation:

@@ -31,6 +31,7 @@ import torch
 
 from losslessness.batteries.builders import dirichlet_rows, probs_tensor
 from losslessness.cases import ChainCase, GreedyCase
+from losslessness.laws import residual_distribution
 from losslessness.protocol import (
     ChainVerifier,
     GreedyVerifier,
@@ -42,7 +43,6 @@ from losslessness.reference import (
     argmax_lowest_index,
     block_decisions,
     emitted_tokens,
-    residual_distribution,
     sample_inverse_cdf,
     verify_block,
     verify_with_uniforms,

@@ -37,6 +37,7 @@ from losslessness.batteries.builders import (
     tree_depth,
 )
 from losslessness.cases import GreedyTreeCase, TreeCase
+from losslessness.laws import residual_distribution
 from losslessness.protocol import (
     PLACEHOLDER,
     GreedyTreeVerifier,
@@ -47,7 +48,6 @@ from losslessness.protocol import (
     validate_tree_inputs,
 )
 from losslessness.reference.greedy import argmax_lowest_index
-from losslessness.reference.laws import residual_distribution
 from losslessness.reference.sampling import sample_inverse_cdf
 from losslessness.reference.tree import child_table
 from losslessness.reference.tree_layouts import root_to_leaf_paths

@@ -40,9 +40,9 @@ from losslessness.adapters.toy_tree import (
 )
 from losslessness.config import AuditConfig
 from losslessness.engine import run_audit
+from losslessness.laws import residual_distribution
 from losslessness.protocol import PLACEHOLDER, TreeOutput, tree_depths, validate_tree_inputs
 from losslessness.reference.decoding import greedy_decode
-from losslessness.reference.laws import residual_distribution
 from losslessness.reference.sampling import sample_inverse_cdf
 from losslessness.reference.tree import child_table
 from losslessness.reference.tree_decoding import (

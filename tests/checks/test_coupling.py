@@ -42,12 +42,12 @@ from losslessness.engine.device import (
     run_device_checks,
 )
 from losslessness.engine.draw import sample_chain
+from losslessness.laws import residual_distribution
 from losslessness.protocol import validate_chain_inputs
 from losslessness.reference import (
     ChainUniforms,
     accepted_lengths,
     emitted_tokens,
-    residual_distribution,
     sample_inverse_cdf,
     verify,
 )

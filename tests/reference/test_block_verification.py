@@ -26,16 +26,15 @@ import torch
 from losslessness.cases import ChainCase
 from losslessness.checks import check_acceptance
 from losslessness.engine.draw import sample_chain
+from losslessness.laws import chain_laws, prefix_acceptance_bound
 from losslessness.protocol import InvalidInputError
 from losslessness.reference import (
     BLOCK_VERIFICATION,
     TOKEN_VERIFICATION,
     VERIFICATION_ATTRIBUTE,
     block_laws,
-    chain_laws,
     declared_verification,
     expected_accepted_drafts,
-    prefix_acceptance_bound,
     verify,
     verify_block,
 )

@@ -10,13 +10,13 @@ from collections import defaultdict
 import pytest
 import torch
 
+from losslessness.laws import acceptance_probability
 from losslessness.reference.decoding import (
     DecodingCounters,
     SpeculativeDecoder,
     VerifyStep,
     greedy_decode,
 )
-from losslessness.reference.laws import acceptance_probability
 from losslessness.reference.processing import SamplingParameters
 from losslessness.reference.proposers import (
     DraftModelProposer,

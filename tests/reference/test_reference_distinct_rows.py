@@ -28,10 +28,10 @@ import pytest
 import torch
 
 import losslessness.reference.chain as chain
+from losslessness.laws import chain_laws
 from losslessness.protocol import PLACEHOLDER
 from losslessness.reference import (
     ChainUniforms,
-    chain_laws,
     sample_inverse_cdf,
     shares_rows,
     verify,

@@ -9,7 +9,7 @@ tensors, so a failing example replays bit for bit from the example Hypothesis pr
 Exact properties never fail on correct code and take no share of the budget: the output's
 structure (DESIGN.md section 4, item 1), the exact edge cases (item 4), ``verify`` ==
 ``verify_with_uniforms`` on the generator's own uniforms, greedy == argmax decoding (item 6)
-and the algebra of :func:`losslessness.reference.chain_laws`.
+and the algebra of :func:`losslessness.laws.chain_laws`.
 
 Statistical property (item 2 and 3):
 :func:`test_reference_chain_emits_p_i_at_every_reached_position_and_accepts_at_sum_min_pq`
@@ -49,16 +49,9 @@ from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
 from losslessness.cases import ChainCase, GreedyCase
+from losslessness.laws import chain_laws, residual_distribution, total_variation
 from losslessness.protocol import PLACEHOLDER
-from losslessness.reference import (
-    chain_laws,
-    residual_distribution,
-    sample_inverse_cdf,
-    total_variation,
-    verify,
-    verify_greedy,
-    verify_with_uniforms,
-)
+from losslessness.reference import sample_inverse_cdf, verify, verify_greedy, verify_with_uniforms
 from losslessness.seeding import derive_seed
 from losslessness.stats import (
     ErrorBudget,

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
+from losslessness.laws import acceptance_probability
 from losslessness.protocol import InvalidInputError
 from losslessness.reference.decoding import sample_autoregressive
-from losslessness.reference.laws import acceptance_probability
 from losslessness.reference.processing import SamplingParameters
 from losslessness.reference.sequences import exact_sequence_law
 from losslessness.reference.toy import MarkovLM

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from losslessness.cases import TreeCase
+from losslessness.laws import chain_laws
 from losslessness.protocol import InvalidInputError
-from losslessness.reference.laws import chain_laws
 from losslessness.reference.tree_laws import (
     CELL_CAP,
     OT_TUPLE_CAP,
@@ -92,7 +92,7 @@ def test_laws_are_consistent_distributions() -> None:
 def test_chain_reach_equals_the_chain_acceptance() -> None:
     """A chain whose p and q do not depend on the drafted token (every table row the same at a
     depth) reaches node i with the chain's probability prod_{j<i} sum min(p_j, q_j)
-    (losslessness.reference.laws.chain_laws)."""
+    (losslessness.laws.chain_laws)."""
     generator = torch.Generator().manual_seed(5)
     k, vocab = 4, 6
     p = dirichlet((k + 1, vocab), generator)

@@ -34,7 +34,7 @@ from losslessness.checks.conditional_law import LAW_CELLS_KEPT, law_cells
 from losslessness.cli import main
 from losslessness.config import AuditConfig
 from losslessness.engine import UnavailableTarget, run_audit
-from losslessness.reference.laws import chain_laws
+from losslessness.laws import chain_laws
 from losslessness.results import AuditResult, CheckResult, LawCells, Verdict
 from reports import (
     REPORT_FILES,

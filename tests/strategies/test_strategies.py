@@ -31,8 +31,8 @@ from hypothesis.strategies import SearchStrategy
 
 import strategies
 from losslessness.cases import ChainCase, GreedyCase
+from losslessness.laws import total_variation
 from losslessness.protocol import validate_chain_inputs, validate_greedy_inputs
-from losslessness.reference import total_variation
 from strategies.distributions import (
     ADVERSARIAL_MIN_TV,
     FAR_MIN_TV,
