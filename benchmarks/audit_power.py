@@ -14,9 +14,9 @@ import argparse
 import collections
 import time
 
-from losslessness.adapters import resolve_adapter
 from losslessness.config import AuditConfig
 from losslessness.engine import run_audit
+from losslessness.targets import resolve_adapter
 
 TARGETS = (
     "reference",

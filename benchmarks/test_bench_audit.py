@@ -31,12 +31,13 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from losslessness.adapters import Adapter, resolve_adapter
+from losslessness.adapters import Adapter
 from losslessness.cli import main
 from losslessness.config import AuditConfig
 from losslessness.engine import plan_run, run_audit
 from losslessness.engine.draw import rows_per_call
 from losslessness.reference import sample_inverse_cdf
+from losslessness.targets import resolve_adapter
 
 TRANSFORMERS_CASES = ("v16-near-k4", "v32-mixed-batch", "v1000-peaked", "v4096-flat")
 """Battery cases the transformers overhead is measured on (every row type count and V range)."""

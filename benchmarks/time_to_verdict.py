@@ -17,10 +17,10 @@ import statistics
 import time
 from pathlib import Path
 
-from losslessness.adapters import resolve_adapter
 from losslessness.config import RunConfig
 from losslessness.engine import run_audit
 from losslessness.results import TargetVerdict
+from losslessness.targets import resolve_adapter
 from losslessness.zoo import MUTANTS
 
 

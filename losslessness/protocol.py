@@ -106,6 +106,12 @@ class GreedyVerifier(Protocol):
     ) -> torch.Tensor: ...
 
 
+PROTOCOLS = ("chain", "greedy", "tree", "greedy-tree")
+"""The verifier protocols of this module a target may follow: :class:`ChainVerifier`,
+:class:`GreedyVerifier`, :class:`TreeVerifier`, :class:`GreedyTreeVerifier` (a bare
+``pkg.module:function`` target names its protocol, :func:`losslessness.targets.resolve_adapter`)."""
+
+
 DRAFT_SCHEMES = ("iid", "without-replacement", "top-k")
 """How the children of one tree node were drawn from the draft distribution q at that node.
 

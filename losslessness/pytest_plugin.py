@@ -54,7 +54,8 @@ class SuiteTarget:
     greedy_tree_name: str | None = None
 
     def _resolve(self, name: str | None, greedy: bool, option: str) -> Adapter:
-        from losslessness.adapters import AdapterNotFound, AdapterUnavailable, resolve_adapter
+        from losslessness.adapters import AdapterNotFound, AdapterUnavailable
+        from losslessness.targets import resolve_adapter
 
         if name is None:
             pytest.skip(f"no {option} given")
@@ -79,13 +80,8 @@ class SuiteTarget:
         return adapter.greedy
 
     def _resolve_tree(self, name: str | None, greedy: bool, option: str) -> object:
-        from losslessness.adapters import (
-            Adapter,
-            AdapterNotFound,
-            AdapterUnavailable,
-            load_callable,
-            resolve_adapter,
-        )
+        from losslessness.adapters import Adapter, AdapterNotFound, AdapterUnavailable
+        from losslessness.targets import load_callable, resolve_adapter
 
         if name is None:
             pytest.skip(f"no {option} given")

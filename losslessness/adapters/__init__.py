@@ -1,5 +1,6 @@
-"""How an implementation under audit is called: reference, ``pkg.module:callable``,
-transformers, and anything registered under the ``losslessness.adapters`` entry-point group."""
+"""How an implementation under audit is called: reference, transformers, vLLM, SGLang,
+FlashInfer, Medusa, EAGLE and the toy loops, each wrapped into a verifier protocol as an
+:class:`Adapter` (names resolve to adapters in :mod:`losslessness.targets`)."""
 
 from losslessness.adapters.base import (
     Adapter,
@@ -8,21 +9,11 @@ from losslessness.adapters.base import (
     EndToEndTarget,
     NotApplicable,
 )
-from losslessness.adapters.target import (
-    ENTRY_POINT_GROUP,
-    load_callable,
-    registered_adapters,
-    resolve_adapter,
-)
 
 __all__ = [
-    "ENTRY_POINT_GROUP",
     "Adapter",
     "AdapterNotFound",
     "AdapterUnavailable",
     "EndToEndTarget",
     "NotApplicable",
-    "load_callable",
-    "registered_adapters",
-    "resolve_adapter",
 ]

@@ -377,7 +377,6 @@ def evidence_from_json(data: list[Any]) -> dict[AssertionKey, SequentialEvidence
 
 
 __all__ = [
-    "AssertionKey",
     "ChainMonitor",
     "StopDecision",
     "evidence_from_json",

@@ -13,7 +13,7 @@ on the new trees and an e-process for every statistical tree assertion (the tree
   from p_root x p_root.
 
 Exact checks (``tree.structure``, a token with p = 0 after any node) stop at their first
-violation. Keys are :func:`~losslessness.checks.sequential.assertion_key`'s: ``(check id, 0,
+violation. Keys are :attr:`~losslessness.results.CheckResult.assertion_key`'s: ``(check id, 0,
 depth, token)`` for a law class (:data:`ROOT` at the root), token 0 for acceptance (depth 1)
 and independence (depth 0).
 """
@@ -32,7 +32,6 @@ from losslessness.checks.ids import (
     TREE_LAW_CHECK_ID,
 )
 from losslessness.checks.sequential import (
-    AssertionKey,
     StopDecision,
     evidence_of,
     pair_state,
@@ -40,7 +39,7 @@ from losslessness.checks.sequential import (
 )
 from losslessness.checks.tree_assertions import ROOT, class_p, tree_assertions, visited_classes
 from losslessness.checks.tree_structure import check_tree_structure, well_formed_rows
-from losslessness.results import CheckContext, SequentialEvidence, Verdict
+from losslessness.results import AssertionKey, CheckContext, SequentialEvidence, Verdict
 from losslessness.samples import TreeSamples
 from losslessness.stats import pooling_partition
 from losslessness.stats.sequential import (

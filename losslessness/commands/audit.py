@@ -14,9 +14,10 @@ from typing import Any
 import click
 from rich.console import Console
 
-from losslessness.adapters import Adapter, AdapterNotFound, AdapterUnavailable, resolve_adapter
+from losslessness.adapters import Adapter
 from losslessness.commands.options import build_config, design_options
-from losslessness.engine import UnavailableTarget, run_audit
+from losslessness.engine import run_audit
+from losslessness.targets import UnavailableTarget, resolve_targets
 
 DEFAULT_TARGETS = ("reference", "transformers", "transformers-generate", "toy-tree", "medusa")
 """What ``losslessness audit`` audits when no target is named: our reference (chain, greedy,
@@ -31,31 +32,19 @@ def resolve_named_targets(
     tree: tuple[str, ...] = (),
     tree_greedy: tuple[str, ...] = (),
 ) -> list[Adapter | UnavailableTarget]:
-    """The targets a user named (``DEFAULT_TARGETS`` when none, and no ``--tree`` or
-    ``--tree-greedy`` target either): adapters, or placeholders for those that did not load.
-
-    Args:
-        names: the TARGETS arguments.
-        greedy: bare functions among ``names`` follow the greedy protocol.
-        tree: ``--tree`` targets, bare functions in the tree protocol.
-        tree_greedy: ``--tree-greedy`` targets, bare functions in the greedy tree protocol.
+    """The targets a user named (:data:`DEFAULT_TARGETS` when none, and no ``--tree`` or
+    ``--tree-greedy`` target either), through :func:`losslessness.targets.resolve_targets`.
 
     Raises:
-        click.UsageError: a name that matches no adapter and no ``pkg.module:callable``.
+        click.UsageError: a name that matches no adapter and no ``pkg.module:callable``, or a
+            repeated name.
     """
-    resolved: list[Adapter | UnavailableTarget] = []
-    chain_names = names or (() if tree or tree_greedy else DEFAULT_TARGETS)
-    wanted = [(name, "greedy" if greedy else "chain") for name in chain_names]
-    wanted += [(name, "tree") for name in tree]
-    wanted += [(name, "greedy-tree") for name in tree_greedy]
-    for name, protocol in wanted:
-        try:
-            resolved.append(resolve_adapter(name, protocol=protocol))
-        except AdapterNotFound as error:
-            raise click.UsageError(str(error)) from error
-        except AdapterUnavailable as error:
-            resolved.append(UnavailableTarget(name, str(error)))
-    return resolved
+    try:
+        return resolve_targets(
+            names, greedy=greedy, tree=tree, tree_greedy=tree_greedy, default=DEFAULT_TARGETS
+        )
+    except ValueError as error:
+        raise click.UsageError(str(error)) from error
 
 
 def report_console() -> Console:
@@ -103,7 +92,8 @@ def audit_command(
     no_progress: bool,
     **options: Any,
 ) -> None:
-    """Audit TARGETS (default: reference transformers transformers-generate) on the battery.
+    """Audit TARGETS (default: reference transformers transformers-generate toy-tree medusa) on
+    the battery.
 
     A TARGET is a registered adapter (see 'losslessness list') or pkg.module:callable, a
     function in the chain protocol (or the greedy protocol with --greedy), imported as

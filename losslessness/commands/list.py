@@ -9,7 +9,6 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from losslessness.adapters import registered_adapters
 from losslessness.batteries import (
     default_chain_battery,
     default_greedy_battery,
@@ -17,6 +16,7 @@ from losslessness.batteries import (
     default_tree_battery,
 )
 from losslessness.checks import ALL_CHECK_IDS
+from losslessness.targets import registered_adapters
 from losslessness.zoo import MUTANTS
 
 ENGINE_DISTRIBUTIONS = {

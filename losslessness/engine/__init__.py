@@ -27,10 +27,8 @@ from losslessness.engine.finish import RunResult, finish_run
 from losslessness.engine.plan import (
     PlanRecord,
     RunPlan,
-    UnavailableTarget,
     make_plan,
     plan_run,
-    resolve_targets,
 )
 from losslessness.engine.scheduler import run_shard
 from losslessness.engine.shards import (
@@ -50,14 +48,12 @@ __all__ = [
     "ShardMergeError",
     "ShardResult",
     "ShardSpec",
-    "UnavailableTarget",
     "finish_run",
     "load_shard",
     "make_plan",
     "merge_shards",
     "parse_shard_spec",
     "plan_run",
-    "resolve_targets",
     "run_audit",
     "run_shard",
     "save_shard",

@@ -10,12 +10,13 @@ from pathlib import Path
 from losslessness.adapters import Adapter
 from losslessness.config import RunConfig
 from losslessness.engine.finish import finish_run
-from losslessness.engine.plan import UnavailableTarget, load_device_checks
+from losslessness.engine.plan import load_device_checks
 from losslessness.engine.scheduler import run_shard
 from losslessness.engine.shards import ShardSpec
 from losslessness.engine.state import ProgressCallback
 from losslessness.engine.time_budget import plan_within_budget
 from losslessness.results import AuditResult
+from losslessness.targets import UnavailableTarget
 
 
 def run_audit(

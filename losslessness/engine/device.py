@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from losslessness.adapters import AdapterNotFound, AdapterUnavailable, resolve_adapter
+from losslessness.adapters import AdapterNotFound, AdapterUnavailable
 from losslessness.batteries import default_chain_battery
 from losslessness.cases import ChainCase
 from losslessness.checks.assertions import case_laws, law_is_statistical
@@ -52,6 +52,7 @@ from losslessness.reference import verify as reference_verify
 from losslessness.results import CheckContext, CheckResult
 from losslessness.seeding import derive_seed
 from losslessness.stats import ErrorBudget
+from losslessness.targets import resolve_adapter
 
 GPU_ADAPTERS = ("vllm", "vllm-v2", "flashinfer", "sglang", "sglang-tree", "transformers-cuda")
 """The device adapters :func:`run_device_checks` tries, by registered (entry-point) name."""
@@ -419,7 +420,7 @@ def _statistical_positions(case: ChainCase) -> int:
 def load_device_adapter(name: str, device: str) -> ChainVerifier:
     """The chain verifier of the registered adapter ``name``, bound to ``device``.
 
-    Resolved through the registry (:func:`losslessness.adapters.resolve_adapter`), which builds
+    Resolved through the registry (:func:`losslessness.targets.resolve_adapter`), which builds
     each adapter with its factory's default device (``"cuda"``). A device adapter's chain
     verifier keeps its device in a ``device`` attribute (a ``torch.device``: vLLM, FlashInfer,
     SGLang, transformers-cuda); when it differs from ``device`` a shallow copy is returned with

@@ -42,14 +42,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from losslessness.adapters import (
-    Adapter,
-    AdapterNotFound,
-    AdapterUnavailable,
-    EndToEndTarget,
-    registered_adapters,
-    resolve_adapter,
-)
+from losslessness.adapters import Adapter, EndToEndTarget
 from losslessness.batteries import (
     TREE_CI_MAX_STEPS,
     default_chain_battery,
@@ -80,6 +73,7 @@ from losslessness.reference.block import declared_verification
 from losslessness.seeding import derive_seed
 from losslessness.stats import ErrorBudget, plan_identity_test
 from losslessness.stats.sequential import SEQUENTIAL_ALPHA_SHARE, AlphaSplit, split_alpha
+from losslessness.targets import UnavailableTarget, resolve_targets
 
 PLAN_VERSION = "5"
 """Version of the plan's description; shards of different versions never merge."""
@@ -108,22 +102,6 @@ DEVICE_CI_STEPS = 20_000
 MIN_STEPS = 2000
 """Fewest verification steps per row type in the CI plan, so that exact checks and acceptance
 tests see enough samples even where the identity tests need few."""
-
-
-@dataclass(frozen=True)
-class UnavailableTarget:
-    """A target that could not be loaded, and why.
-
-    Attributes:
-        name: the target's name.
-        reason: why it did not load (with the command that installs what is missing).
-        named: the user named it (its verdict is ERROR); False for a registered adapter a run
-            tried on its own (UNAVAILABLE: listed, deciding nothing).
-    """
-
-    name: str
-    reason: str
-    named: bool = True
 
 
 @dataclass(frozen=True)
@@ -463,33 +441,6 @@ class RunPlan:
         return total
 
 
-def resolve_targets(
-    names: Sequence[str], greedy: bool = False
-) -> tuple[list[Adapter], list[UnavailableTarget]]:
-    """Load targets by name (registered adapters or ``pkg.module:callable``); every registered
-    adapter when ``names`` is empty.
-
-    Returns:
-        (adapters that loaded, in order; targets that did not, with the reason).
-
-    Raises:
-        ValueError: naming ``targets``: a name that matches nothing, or repeated names.
-    """
-    wanted = list(names) or sorted(registered_adapters())
-    if len(set(wanted)) != len(wanted):
-        raise ValueError(f"targets: names repeat: {wanted}")
-    loaded: list[Adapter] = []
-    unavailable: list[UnavailableTarget] = []
-    for name in wanted:
-        try:
-            loaded.append(resolve_adapter(name, greedy=greedy))
-        except AdapterNotFound as error:
-            raise ValueError(f"targets: {error}") from error
-        except AdapterUnavailable as error:
-            unavailable.append(UnavailableTarget(name, str(error), named=bool(names)))
-    return loaded, unavailable
-
-
 def end_to_end_check_ids(target: EndToEndTarget) -> tuple[str, str]:
     """The check ids an end-to-end target is audited with (its law check, drafts-accepted)."""
     law = SEQUENCE_GREEDY_CHECK_ID if target.greedy else SEQUENCE_LAW_CHECK_ID
@@ -751,9 +702,8 @@ def make_plan(config: RunConfig, greedy: bool = False) -> RunPlan:
     Raises:
         ValueError: unknown or repeated target names, or unknown case ids.
     """
-    adapters, unavailable = resolve_targets(config.targets, greedy=greedy)
     note = load_device_checks()[1] if config.device_checks else None
-    return plan_run(config, [*adapters, *unavailable], note)
+    return plan_run(config, resolve_targets(config.targets, greedy=greedy), note)
 
 
 __all__ = [
@@ -766,7 +716,6 @@ __all__ = [
     "PlanRecord",
     "RunPlan",
     "TreeCasePlan",
-    "UnavailableTarget",
     "Unit",
     "UnitKind",
     "end_to_end_check_ids",
@@ -774,7 +723,6 @@ __all__ = [
     "make_plan",
     "plan_case",
     "plan_run",
-    "resolve_targets",
     "select_cases",
     "select_tree_cases",
 ]

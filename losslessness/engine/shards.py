@@ -28,10 +28,11 @@ import numpy as np
 import torch
 
 from losslessness.cases import ChainCase
-from losslessness.checks.sequential import AssertionKey, evidence_from_json, evidence_to_json
+from losslessness.checks.sequential import evidence_from_json, evidence_to_json
 from losslessness.engine.plan import PlanRecord, Unit, UnitKind
 from losslessness.engine.tables import CountTable, merge_tables
 from losslessness.results import (
+    AssertionKey,
     CheckResult,
     SequentialEvidence,
     check_from_dict,

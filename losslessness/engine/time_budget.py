@@ -41,15 +41,14 @@ from losslessness.engine.plan import (
     ChainCasePlan,
     RunPlan,
     TreeCasePlan,
-    UnavailableTarget,
     UnitKind,
     _chain_case_plan,
     _tree_case_plan,
     load_device_checks,
     plan_run,
-    resolve_targets,
 )
 from losslessness.seeding import derive_seed
+from losslessness.targets import UnavailableTarget, resolve_targets
 
 WARM_UP_STEPS = (1, 8, 32)
 """Copies per warm-up call of a chain case: the first call is discarded (first-call costs),
@@ -519,9 +518,9 @@ def make_budgeted_plan(
     Raises:
         ValueError: unknown or repeated target names, or unknown case ids.
     """
-    adapters, unavailable = resolve_targets(config.targets, greedy=greedy)
     note = load_device_checks()[1] if config.device_checks else None
-    return plan_within_budget(config, [*adapters, *unavailable], note, announce)
+    targets = resolve_targets(config.targets, greedy=greedy)
+    return plan_within_budget(config, targets, note, announce)
 
 
 def plan_within_budget(

@@ -7,9 +7,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from losslessness.adapters.base import Adapter
-from losslessness.adapters.target import PROTOCOLS
 from losslessness.cases import ChainCase, GreedyCase, GreedyTreeCase, TreeCase
-from losslessness.protocol import ChainVerifier, GreedyTreeVerifier, GreedyVerifier, TreeVerifier
+from losslessness.protocol import (
+    PROTOCOLS,
+    ChainVerifier,
+    GreedyTreeVerifier,
+    GreedyVerifier,
+    TreeVerifier,
+)
 
 MUTANT_PREFIX = "mutant/"
 """Target names starting with this resolve to a mutant (``mutant/<name>``)."""
@@ -30,7 +35,7 @@ class Mutant:
         name: kebab-case, unique (``residual-clamped-1e-5``; tree entries ``tree-<name>``).
         verifier: the verifier function, in ``protocol``.
         protocol: ``chain``, ``greedy``, ``tree`` or ``greedy-tree``
-            (:data:`losslessness.adapters.target.PROTOCOLS`).
+            (:data:`losslessness.protocol.PROTOCOLS`).
         lossy: False for the lossless controls.
         mechanism: one line: what is wrong (for a control: why it is still lossless).
         source: URL of the bug report, PR, issue or code the mechanism comes from.

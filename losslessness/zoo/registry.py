@@ -1,5 +1,5 @@
 """The zoo's registry: every mutant and control by name, and :func:`mutant`, the lookup behind
-``mutant/<name>`` targets (:func:`losslessness.adapters.resolve_adapter`).
+``mutant/<name>`` targets (:func:`losslessness.targets.resolve_adapter`).
 
 Importing it builds no case: an entry's case and adapter are built on its first use
 (:class:`~losslessness.zoo.entry.Mutant`), so resolving one mutant builds that mutant's case

@@ -8,14 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from losslessness.adapters import (
-    ENTRY_POINT_GROUP,
-    Adapter,
-    AdapterNotFound,
-    registered_adapters,
-    resolve_adapter,
-)
+from losslessness.adapters import Adapter, AdapterNotFound
 from losslessness.reference import verify, verify_greedy
+from losslessness.targets import ENTRY_POINT_GROUP, registered_adapters, resolve_adapter
 
 
 def test_builtin_adapters_are_registered_as_entry_points() -> None:

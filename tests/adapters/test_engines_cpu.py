@@ -191,7 +191,7 @@ def test_vllm_greedy_equals_reference_greedy(name: str) -> None:
 def test_sglang_block_target_is_loaded_declaring_block_verification() -> None:
     """The registered sglang-block target, loaded with the real kernel, declares block
     verification and says so in its description (no 'false LOSSY' caveat left)."""
-    from losslessness.adapters import resolve_adapter
+    from losslessness.targets import resolve_adapter
 
     loaded = resolve_adapter("sglang-block")
     assert declared_verification(loaded.chain) == BLOCK_VERIFICATION

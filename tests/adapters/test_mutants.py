@@ -17,7 +17,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from losslessness.adapters import AdapterNotFound, resolve_adapter
+from losslessness.adapters import AdapterNotFound
 from losslessness.cases import ChainCase, GreedyCase
 from losslessness.checks import check_greedy, run_chain_checks
 from losslessness.cli import main
@@ -26,6 +26,7 @@ from losslessness.engine import run_audit
 from losslessness.engine.draw import sample_chain, sample_greedy
 from losslessness.reference.block import declared_verification
 from losslessness.results import CheckContext, TargetVerdict, Verdict
+from losslessness.targets import resolve_adapter
 from losslessness.zoo import MUTANT_PREFIX, MUTANTS, Mutant, mutant
 
 CASE_STEPS = 4000

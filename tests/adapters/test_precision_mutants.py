@@ -8,11 +8,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from losslessness.adapters import resolve_adapter
 from losslessness.cases import ChainCase
 from losslessness.engine.draw import sample_chain
 from losslessness.laws import residual_distribution
 from losslessness.stats import identity_test
+from losslessness.targets import resolve_adapter
 from losslessness.zoo import MUTANTS, PRECISION_MUTANTS
 from losslessness.zoo.chain import FLOAT16_MAX_LOGIT, FLOAT16_OFFSET_MAX_LOGIT, _float16_law
 

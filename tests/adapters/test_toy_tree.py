@@ -28,7 +28,6 @@ import pytest
 import torch
 
 from losslessness.adapters import Adapter, EndToEndTarget
-from losslessness.adapters.target import resolve_adapter
 from losslessness.adapters.toy import toy_models
 from losslessness.adapters.toy_tree import (
     MEDUSA_CHOICES,
@@ -56,6 +55,7 @@ from losslessness.reference.tree_decoding import (
 from losslessness.reference.tree_layouts import tree_choices_to_parents
 from losslessness.results import TargetVerdict, Verdict
 from losslessness.stats import identity_test
+from losslessness.targets import resolve_adapter
 
 PASS_TV = 0.15
 """Design TV of the passing audits (family-wise alpha 1e-3, power 0.9)."""

@@ -10,13 +10,14 @@ from typing import Any
 import pytest
 import torch
 
-from losslessness.adapters import AdapterUnavailable, resolve_adapter
+from losslessness.adapters import AdapterUnavailable
 from losslessness.adapters.transformers import SpeculativeSamplingVerifier
 from losslessness.batteries import default_chain_battery
 from losslessness.config import AuditConfig
 from losslessness.engine import run_audit
 from losslessness.engine.draw import sample_chain
 from losslessness.results import TargetVerdict
+from losslessness.targets import resolve_adapter
 
 utils = pytest.importorskip("transformers.generation.utils")
 real = utils._speculative_sampling

@@ -19,7 +19,6 @@ import pytest
 import torch
 from scipy import stats
 
-from losslessness.adapters.target import resolve_adapter
 from losslessness.cases import GreedyTreeCase, TreeCase
 from losslessness.checks import check_tree_greedy
 from losslessness.config import AuditConfig
@@ -27,6 +26,7 @@ from losslessness.engine import run_audit
 from losslessness.protocol import InvalidInputError, TreeVerifier
 from losslessness.reference.tree import verify_tree, verify_tree_greedy
 from losslessness.results import CheckContext, TargetVerdict, Verdict
+from losslessness.targets import resolve_adapter
 from losslessness.zoo import MUTANT_PREFIX, MUTANTS, Mutant
 from losslessness.zoo.tree import (
     TREE_PREFIX,

@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from losslessness.adapters import resolve_adapter
 from losslessness.batteries import default_chain_battery
 from losslessness.checks import check_acceptance, check_conditional_laws
 from losslessness.config import AuditConfig
@@ -23,6 +22,7 @@ from losslessness.engine import run_audit
 from losslessness.engine.draw import sample_chain
 from losslessness.reference import verify
 from losslessness.results import CheckContext, CheckKind, CheckResult, Verdict
+from losslessness.targets import resolve_adapter
 
 SEEDS = 400
 STEPS = 3000

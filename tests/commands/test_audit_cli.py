@@ -221,3 +221,21 @@ def test_list_shows_adapters_and_cases() -> None:
     assert result.exit_code == 0
     for name in ("reference", "transformers", "v4096-flat", "greedy-v8-ties"):
         assert name in result.output
+
+
+def test_audit_help_names_every_default_target() -> None:
+    """``losslessness audit --help`` lists exactly the targets a bare ``losslessness audit``
+    audits (:data:`losslessness.cli.DEFAULT_TARGETS`)."""
+    from losslessness.cli import DEFAULT_TARGETS
+
+    text = " ".join(run_cli("audit", "--help").output.split())
+    listed = re.search(r"\(default: ([^)]*)\)", text)
+    assert listed is not None
+    assert listed.group(1).split() == list(DEFAULT_TARGETS)
+
+
+def test_repeated_target_names_are_a_usage_error_naming_them() -> None:
+    """Naming a target twice exits 2 with the repeated names, before anything is sampled."""
+    result = CliRunner().invoke(main, ["audit", "reference", "reference"])
+    assert result.exit_code == 2
+    assert "names repeat" in result.output

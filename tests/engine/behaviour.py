@@ -38,10 +38,11 @@ from typing import Any
 
 import numpy as np
 
-from losslessness.adapters import Adapter, resolve_adapter
+from losslessness.adapters import Adapter
 from losslessness.config import RunConfig
 from losslessness.engine import ShardSpec, finish_run, plan_run, run_audit, run_shard
 from losslessness.engine.tables import CountTable
+from losslessness.targets import resolve_adapter
 from reports.jsonio import audit_to_dict
 from tests import wrong_verifiers
 

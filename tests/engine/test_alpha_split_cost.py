@@ -10,9 +10,9 @@ at the design TV is unchanged: they are sized at their own (smaller) level.
 
 from __future__ import annotations
 
-from losslessness.adapters import resolve_adapter
 from losslessness.config import RunConfig
 from losslessness.engine import plan_run
+from losslessness.targets import resolve_adapter
 
 GOAL = 1.05
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from losslessness.adapters import Adapter, resolve_adapter
+from losslessness.adapters import Adapter
 from losslessness.cli import main
 from losslessness.config import RunConfig
 from losslessness.engine import plan_run, run_audit
@@ -19,6 +19,7 @@ from losslessness.engine.time_budget import FIT_FRACTION, fit_time_budget
 from losslessness.reference import verify
 from losslessness.results import CheckKind, TargetVerdict, Verdict
 from losslessness.stats.sequential import SEQUENTIAL_ALPHA_SHARE
+from losslessness.targets import resolve_adapter
 
 CASES = ("v2-tilted", "v8-far", "v16-near-k4")
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from losslessness.adapters import Adapter, NotApplicable, resolve_adapter
+from losslessness.adapters import Adapter, NotApplicable
 from losslessness.adapters.vllm import SamplerOptions
 from losslessness.config import RunConfig
 from losslessness.engine import (
@@ -35,6 +35,7 @@ from losslessness.results import (
     Verdict,
     target_verdict,
 )
+from losslessness.targets import resolve_adapter
 from tests.wrong_verifiers import ratio_inverted
 
 REASON = "fake needs k >= 2"

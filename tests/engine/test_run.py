@@ -15,7 +15,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from losslessness.adapters import Adapter, resolve_adapter
+from losslessness.adapters import Adapter
 from losslessness.batteries import default_chain_battery
 from losslessness.checks import count_statistical_assertions
 from losslessness.cli import main
@@ -25,6 +25,7 @@ from losslessness.engine.draw import rows_per_call
 from losslessness.protocol import ChainVerifier
 from losslessness.reference import verify
 from losslessness.results import CheckKind, TargetVerdict, Verdict
+from losslessness.targets import resolve_adapter
 from losslessness.zoo import MUTANTS
 from tests.wrong_verifiers import residual_is_target
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from losslessness.adapters import Adapter, resolve_adapter
+from losslessness.adapters import Adapter
 from losslessness.cases import ChainCase
 from losslessness.cli import main
 from losslessness.config import RunConfig
@@ -30,6 +30,7 @@ from losslessness.engine.finish import RunResult
 from losslessness.engine.suite import parse_junit
 from losslessness.engine.tables import count_records, merge_tables
 from losslessness.results import TargetVerdict, Verdict
+from losslessness.targets import resolve_adapter
 from tests import wrong_verifiers
 from tests.engine.outcomes import check_outcome
 

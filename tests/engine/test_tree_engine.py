@@ -11,7 +11,6 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from losslessness.adapters import resolve_adapter
 from losslessness.batteries import (
     TREE_CI_MAX_STEPS,
     default_greedy_tree_battery,
@@ -25,6 +24,7 @@ from losslessness.engine.plan import MIN_STEPS, PlanRecord, plan_run
 from losslessness.engine.scheduler import run_shard
 from losslessness.engine.shards import ShardSpec, load_shard, save_shard
 from losslessness.results import TargetVerdict
+from losslessness.targets import resolve_adapter
 from tests.checks.test_tree import _highest_index_greedy, _star_iid_verifier
 
 TREE_CASES = ("tree-star2-iid", "tree-chain-topk")

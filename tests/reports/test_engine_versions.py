@@ -14,10 +14,10 @@ import dataclasses
 
 import pytest
 
-from losslessness.adapters import resolve_adapter
 from losslessness.config import AuditConfig
 from losslessness.engine import run_audit
 from losslessness.results import AuditResult, TargetVerdict, Verdict
+from losslessness.targets import resolve_adapter
 from reports import audit_from_dict, audit_to_dict, compute_trends, render_markdown
 from reports.html import render_html
 from reports.trends import BASE_ENVIRONMENT, engine_version_changes

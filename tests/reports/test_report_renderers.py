@@ -27,15 +27,15 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from losslessness.adapters import resolve_adapter
 from losslessness.adapters.base import Adapter
 from losslessness.batteries import default_chain_battery
 from losslessness.checks.conditional_law import LAW_CELLS_KEPT, law_cells
 from losslessness.cli import main
 from losslessness.config import AuditConfig
-from losslessness.engine import UnavailableTarget, run_audit
+from losslessness.engine import run_audit
 from losslessness.laws import chain_laws
 from losslessness.results import AuditResult, CheckResult, LawCells, Verdict
+from losslessness.targets import UnavailableTarget, resolve_adapter
 from reports import (
     REPORT_FILES,
     STEP_SUMMARY_LIMIT,

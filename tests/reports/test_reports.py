@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from losslessness.adapters import resolve_adapter
 from losslessness.config import AuditConfig
-from losslessness.engine import UnavailableTarget, run_audit
+from losslessness.engine import run_audit
 from losslessness.results import SCHEMA_VERSION, AuditResult
+from losslessness.targets import UnavailableTarget, resolve_adapter
 from reports import audit_from_dict, audit_to_dict, print_audit, read_json, write_json
 
 

@@ -1,9 +1,11 @@
-"""Resolving a target name to an :class:`Adapter`.
+"""Target names: the one place a name becomes an :class:`~losslessness.adapters.Adapter`, or
+a placeholder saying why it did not load.
 
-A name is either a registered adapter (entry-point group ``losslessness.adapters``; this
-package registers ``reference`` and ``transformers``), ``mutant/<name>`` (the mutant zoo), or
-``pkg.module:callable``, imported as
-``python -m`` would: the current directory first, then ``PYTHONPATH``.
+A name is a registered adapter (entry-point group ``losslessness.adapters``; this package
+registers ``reference``, ``transformers`` and the engines), ``mutant/<name>`` (a mutant or
+control of the zoo, :mod:`losslessness.zoo`), or ``pkg.module:callable``, imported as
+``python -m`` would: the current directory first, then ``PYTHONPATH``. The audit, the plan
+command, the nightly, the device checks and the pytest plugin all resolve through here.
 """
 
 from __future__ import annotations
@@ -11,11 +13,16 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
 
-from losslessness.adapters.base import Adapter, AdapterNotFound, AdapterUnavailable
+from losslessness.adapters import Adapter, AdapterNotFound, AdapterUnavailable
+from losslessness.protocol import PROTOCOLS
+from losslessness.zoo import mutant
 
 ENTRY_POINT_GROUP = "losslessness.adapters"
+
 
 
 def registered_adapters() -> dict[str, EntryPoint]:
@@ -24,10 +31,6 @@ def registered_adapters() -> dict[str, EntryPoint]:
     An entry point names an :class:`Adapter` or a zero-argument callable returning one.
     """
     return {point.name: point for point in entry_points(group=ENTRY_POINT_GROUP)}
-
-
-PROTOCOLS = ("chain", "greedy", "tree", "greedy-tree")
-"""The protocols a bare ``pkg.module:function`` may follow (:func:`resolve_adapter`)."""
 
 
 def _as_adapter(name: str, loaded: object, greedy: bool, protocol: str = "chain") -> Adapter:
@@ -95,10 +98,6 @@ def resolve_adapter(name: str, *, greedy: bool = False, protocol: str = "chain")
     if protocol not in PROTOCOLS:
         raise ValueError(f"protocol: must be one of {', '.join(PROTOCOLS)}, got {protocol!r}")
     if name.startswith("mutant/"):
-        # Imported here: the zoo wraps its verifiers in this package's Adapter, so it sits above
-        # the adapters and a module-level import would be a cycle.
-        from losslessness.zoo import mutant
-
         return mutant(name).adapter
     if ":" in name:
         return _as_adapter(name, load_callable(name), greedy, protocol)
@@ -116,3 +115,76 @@ def resolve_adapter(name: str, *, greedy: bool = False, protocol: str = "chain")
     if not isinstance(adapter, Adapter):
         raise AdapterNotFound(f"{name!r}: entry point does not give an Adapter")
     return adapter
+
+
+@dataclass(frozen=True)
+class UnavailableTarget:
+    """A target that could not be loaded, and why.
+
+    Attributes:
+        name: the target's name.
+        reason: why it did not load (with the command that installs what is missing).
+        named: the user named it (its verdict is ERROR); False for a registered adapter a run
+            tried on its own (UNAVAILABLE: listed, deciding nothing).
+    """
+
+    name: str
+    reason: str
+    named: bool = True
+
+
+def resolve_targets(
+    names: Sequence[str],
+    *,
+    greedy: bool = False,
+    tree: Sequence[str] = (),
+    tree_greedy: Sequence[str] = (),
+    default: Sequence[str] | None = None,
+) -> list[Adapter | UnavailableTarget]:
+    """The targets of a run: adapters, or placeholders for those that did not load.
+
+    Args:
+        names: target names (bare functions among them follow the chain protocol, or the greedy
+            one with ``greedy``).
+        greedy: bare functions in ``names`` follow the greedy protocol.
+        tree: bare functions in the tree protocol (``--tree``).
+        tree_greedy: bare functions in the greedy tree protocol (``--tree-greedy``).
+        default: the names audited when ``names``, ``tree`` and ``tree_greedy`` are all empty
+            (the audit's defaults, as named targets); None: every registered adapter, each one
+            UNAVAILABLE rather than ERROR when it cannot load here (the nightly).
+
+    Returns:
+        One entry per name, in order: its adapter, or an :class:`UnavailableTarget`.
+
+    Raises:
+        ValueError: naming ``targets``: a name that matches nothing, or repeated names.
+    """
+    wanted = [(name, "greedy" if greedy else "chain") for name in names]
+    wanted += [(name, "tree") for name in tree]
+    wanted += [(name, "greedy-tree") for name in tree_greedy]
+    named = bool(wanted) or default is not None
+    if not wanted:
+        fallback = sorted(registered_adapters()) if default is None else list(default)
+        wanted = [(name, "chain") for name in fallback]
+    listed = [name for name, _ in wanted]
+    if len(set(listed)) != len(listed):
+        raise ValueError(f"targets: names repeat: {listed}")
+    resolved: list[Adapter | UnavailableTarget] = []
+    for name, protocol in wanted:
+        try:
+            resolved.append(resolve_adapter(name, protocol=protocol))
+        except AdapterNotFound as error:
+            raise ValueError(f"targets: {error}") from error
+        except AdapterUnavailable as error:
+            resolved.append(UnavailableTarget(name, str(error), named=named))
+    return resolved
+
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "UnavailableTarget",
+    "load_callable",
+    "registered_adapters",
+    "resolve_adapter",
+    "resolve_targets",
+]
