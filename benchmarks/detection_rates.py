@@ -486,7 +486,7 @@ METHOD_DESCRIPTIONS = {
         "independence of identical rows in one call; family-wise false-alarm rate 1e-3 split "
         "Bonferroni over the case's statistical assertions. Greedy: token-for-token equality "
         "with argmax decoding.",
-        "this project (`losslessness/checks`, DESIGN.md section 4)",
+        "this project (`losslessness/checks`, docs/architecture.md, 'What lossless means')",
     ),
     "vllm-histogram-l2": (
         "Pooled histogram of the tokens emitted at draft positions 0..k-1 (bonus dropped); its "

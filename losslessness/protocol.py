@@ -1,6 +1,6 @@
 """The verifier protocols every implementation plugs into, and validation of their inputs.
 
-Conventions (DESIGN.md section 3, mirroring vLLM's and FlashInfer's):
+Conventions (docs/architecture.md, 'Protocols', mirroring vLLM's and FlashInfer's):
 
 - token ids are ``int64``; probabilities are floating point, each row summing to 1 within
   :data:`ROW_SUM_TOLERANCE`;
@@ -75,9 +75,9 @@ class ChainVerifier(Protocol):
     ``accept_uniforms[b, i] < p_i(d_i) / q_i(d_i)``, and the one token drawn per row (the
     residual correction or the bonus) is the first token whose cumulative mass exceeds
     ``sample_uniforms[b]`` times the total. Feeding the same uniforms to a GPU implementation
-    and to the CPU reference then makes their decisions comparable one by one (DESIGN.md
-    section 4, item 7). Callers detect support with ``inspect.signature``; implementations
-    that draw their randomness differently simply do not take the keyword.
+    and to the CPU reference then makes their decisions comparable one by one (docs/architecture.md,
+    'What lossless means', item 7). Callers detect support with ``inspect.signature``;
+    implementations that draw their randomness differently simply do not take the keyword.
     """
 
     def __call__(
@@ -245,7 +245,7 @@ class GreedyTreeVerifier(Protocol):
 
 @runtime_checkable
 class EndToEndGenerator(Protocol):
-    """A whole speculative-decoding engine seen from outside (DESIGN.md section 3).
+    """A whole speculative-decoding engine seen from outside (docs/architecture.md, 'Protocols').
 
     Attributes:
         vocab_size: V, the number of token ids the target can emit.
@@ -368,7 +368,7 @@ def validate_chain_inputs(
     draft_token_ids: object,
     generator: object = _NOT_GIVEN,
 ) -> tuple[int, int, int]:
-    """Validate the arguments of a chain verifier call (DESIGN.md section 3).
+    """Validate the arguments of a chain verifier call (docs/architecture.md, 'Protocols').
 
     Args:
         target_probs: ``[B, k+1, V]`` float tensor.

@@ -1,5 +1,6 @@
 """Results: one :class:`CheckResult` per assertion, one :class:`TargetResult` per target, one
-:class:`AuditResult` per run, and the verdict vocabulary (DESIGN.md section 4).
+:class:`AuditResult` per run, and the verdict vocabulary (docs/architecture.md, 'What lossless
+means').
 
 The domain decides here, once, what the reports only render: a target's verdict from its
 checks, the run's overall verdict and exit code, and the command that replays an assertion.
@@ -154,7 +155,7 @@ tree assertions row 0, the depth, and the node class's token."""
 
 @dataclass
 class CheckResult:
-    """One assertion's record (DESIGN.md section 4; issue 2, item 4).
+    """One assertion's record (docs/architecture.md, 'What lossless means'; issue 2, item 4).
 
     Attributes:
         check_id: ``structure``, ``law``, ``acceptance``, ``edge.disjoint``, ``edge.one-hot``,

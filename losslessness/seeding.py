@@ -1,4 +1,5 @@
-"""Derivation of per-assertion seeds from one run seed (DESIGN.md section 5, "Seeds")."""
+"""Derivation of per-assertion seeds from one run seed (docs/architecture.md, 'Statistical method',
+"Seeds")."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
-"""Renderers of :class:`losslessness.audit.AuditResult`: terminal tables (rich), JSON, HTML with
+"""Renderers of :class:`losslessness.results.AuditResult`: terminal tables (rich), JSON, HTML with
 plots, JUnit XML, a Markdown step summary, and trends over earlier runs.
 
-``reports`` only reads AuditResult (DESIGN.md section 2). :func:`write_reports` writes the four
-files a nightly run publishes.
+``reports`` only reads AuditResult (docs/architecture.md, 'Layers'). :func:`write_reports` writes
+the four files a nightly run publishes.
 """
 
 from __future__ import annotations

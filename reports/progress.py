@@ -21,7 +21,7 @@ def progress_bar(unit: str, *, quiet: bool = False) -> Iterator[Callable[[int, i
 
     Yields:
         ``update(done, total, label)``: the progress callback of
-        :func:`losslessness.audit.run_audit` and :func:`losslessness.nightly.run_shard`.
+        :func:`losslessness.engine.run_audit` and :func:`losslessness.engine.run_shard`.
     """
     progress = Progress(
         TextColumn("{task.description}"),

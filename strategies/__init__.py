@@ -18,7 +18,7 @@ constants, not magic numbers.
   ``--losslessness-profile`` or ``LOSSLESSNESS_HYPOTHESIS_PROFILE``.
 
 Hypothesis chooses cases only; random samples come from generators the tests seed themselves
-(DESIGN.md section 5).
+(docs/architecture.md, 'Statistical method').
 """
 
 from strategies.cases import (

@@ -1,10 +1,10 @@
 """Strategies for whole verifier inputs: chain cases (p, q), greedy cases (logits, drafts) and
 verify cases (p, q in a drawn dtype, with optional sampling parameters).
 
-Shapes follow the protocols (DESIGN.md section 3): ``B`` batch, ``k`` draft length, ``V``
-vocabulary. Chain and verify cases hold distributions only; the caller draws ``d_i ~ q_i``
+Shapes follow the protocols (docs/architecture.md, 'Protocols'): ``B`` batch, ``k`` draft length,
+``V`` vocabulary. Chain and verify cases hold distributions only; the caller draws ``d_i ~ q_i``
 itself with its own seeded generator, because Hypothesis chooses cases and never supplies the
-random samples (DESIGN.md section 5).
+random samples (docs/architecture.md, 'Statistical method').
 """
 
 from __future__ import annotations

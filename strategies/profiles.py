@@ -28,7 +28,8 @@ pytest, :func:`load_profile` does the same from the environment variable.
 
 The ``ci`` profile is derandomized: the same code runs the same cases on every machine, and a
 failure prints a ``@reproduce_failure`` blob. Statistical samples never come from Hypothesis
-(DESIGN.md section 5): tests seed their own generators from the case they were given.
+(docs/architecture.md, 'Statistical method'): tests seed their own generators from the case they
+were given.
 """
 
 from __future__ import annotations

@@ -102,7 +102,8 @@ class KernelVerifier:
 
 @dataclass(frozen=True)
 class EndToEndTarget:
-    """A whole speculative-decoding engine and the prompt it is audited on (DESIGN.md section 3).
+    """A whole speculative-decoding engine and the prompt it is audited on (docs/architecture.md,
+    'Protocols').
 
     Attributes:
         name: how the audit reports it (``transformers-generate/assisted-sampling``).

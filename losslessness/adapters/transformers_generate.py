@@ -15,7 +15,7 @@ Reference law: :meth:`TransformersGenerator.next_token_probs` runs *plain* ``gen
 assistant) for one token with ``output_scores=True``; its score is the target's logits after
 exactly the logits processors ``generate`` builds from the same :class:`GenerationConfig`
 (temperature, top-k, top-p, and transformers' own defaults such as ``top_k=50``). Lossless
-assisted generation must reproduce that law (DESIGN.md section 4, item 8).
+assisted generation must reproduce that law (docs/architecture.md, 'What lossless means', item 8).
 
 Draft settings: transformers reads ``num_assistant_tokens``, ``num_assistant_tokens_schedule``
 and ``assistant_confidence_threshold`` from the *assistant's* ``generation_config``

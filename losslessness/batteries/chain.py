@@ -3,8 +3,9 @@
 It spans V from 2 to 4096; flat, dense, peaked (hundreds of masses below 1e-3) and skewed
 distributions; exact zeros in p where q is positive and the reverse; q near p and far from it;
 draft lengths k = 1..4; batches of identical rows and of different rows; and the exact edge
-cases of DESIGN.md section 4 (disjoint supports, one-hot p, p == q). Every case is built from
-:data:`BATTERY_SEED`, so the battery, and each case's hash, is the same on every machine.
+cases of docs/architecture.md, 'What lossless means' (disjoint supports, one-hot p, p == q). Every
+case is built from :data:`BATTERY_SEED`, so the battery, and each case's hash, is the same on every
+machine.
 """
 
 from __future__ import annotations

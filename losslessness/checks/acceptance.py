@@ -1,4 +1,4 @@
-"""Acceptance at every draft position (DESIGN.md section 4, items 3 and 4).
+"""Acceptance at every draft position (docs/architecture.md, 'What lossless means', items 3 and 4).
 
 **Position 0.** d_0 ~ q_0 is accepted with probability sum min(p_0, q_0) under the standard
 algorithm, and significantly *higher* proves loss: a lossless verifier's first token follows

@@ -1,4 +1,5 @@
-"""Conditional law at every position (the verdict; DESIGN.md section 4, item 2).
+"""Conditional law at every position (the verdict; docs/architecture.md, 'What lossless means',
+item 2).
 
 Among the steps that reach position i (d_0..d_{i-1} accepted), the token emitted at i must
 follow p_i: position 0 is the marginal, position k the bonus token. Each (row type, position)

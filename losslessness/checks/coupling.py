@@ -1,4 +1,5 @@
-"""Coupled comparison of an implementation with the CPU reference (DESIGN.md section 4, item 7).
+"""Coupled comparison of an implementation with the CPU reference (docs/architecture.md, 'What
+lossless means', item 7).
 
 The third promise of the suite: a GPU kernel agrees with its CPU reference. Peers do not test
 this (vLLM compares its Triton kernel with a torch path on the same device; FlashInfer removed

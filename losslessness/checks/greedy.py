@@ -1,5 +1,6 @@
-"""Greedy exactness (DESIGN.md section 4, item 6): token-for-token equality with the reference
-greedy verifier, ties included (the lowest index wins, as ``torch.argmax`` documents)."""
+"""Greedy exactness (docs/architecture.md, 'What lossless means', item 6): token-for-token
+equality with the reference greedy verifier, ties included (the lowest index wins, as
+``torch.argmax`` documents)."""
 
 from __future__ import annotations
 

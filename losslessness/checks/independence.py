@@ -1,4 +1,5 @@
-"""Independence of identical rows in one batch (DESIGN.md section 4, item 5).
+"""Independence of identical rows in one batch (docs/architecture.md, 'What lossless means',
+item 5).
 
 Two rows of the same call that carry the same p and q must give independent outputs: a
 verifier that shares one random stream across the requests of a batch (TensorRT-LLM issue

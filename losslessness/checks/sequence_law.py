@@ -1,4 +1,5 @@
-"""Sequence law (DESIGN.md section 4, item 8): a whole engine's output follows the target.
+"""Sequence law (docs/architecture.md, 'What lossless means', item 8): a whole engine's output
+follows the target.
 
 A speculative-decoding engine is lossless end to end when the law of the first L tokens it
 generates equals the target's autoregressive law with the user's sampling parameters,

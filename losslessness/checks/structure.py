@@ -1,4 +1,5 @@
-"""Structure of chain-verifier outputs (exact, every sample; DESIGN.md section 4, item 1).
+"""Structure of chain-verifier outputs (exact, every sample; docs/architecture.md, 'What lossless
+means', item 1).
 
 Every row must: hold ids in [0, V) followed only by -1 placeholders; emit 1..k+1 tokens;
 emit, before its last token, exactly the drafts at those positions (accepted drafts are kept

@@ -1,4 +1,5 @@
-"""The run engine's device unit: CPU-vs-device comparisons (DESIGN.md section 4, item 7).
+"""The run engine's device unit: CPU-vs-device comparisons (docs/architecture.md, 'What lossless
+means', item 7).
 
 The checks are pure (:mod:`losslessness.checks.coupling`); this module does everything that
 calls an implementation or spends budget:

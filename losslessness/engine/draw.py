@@ -580,7 +580,7 @@ def generate_sequences(
     timeout_s: float | None = None,
 ) -> tuple[list[object], float]:
     """``generate(prompt, L, sequence_seed(seed, j))`` for ``j < n``: an end-to-end engine's
-    sequences (DESIGN.md section 3, end-to-end generators).
+    sequences (docs/architecture.md, 'Protocols', end-to-end generators).
 
     Returns:
         (the ``n`` returned values, unchecked; seconds spent inside ``generate``).

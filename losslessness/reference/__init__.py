@@ -1,7 +1,8 @@
 """Ground-truth implementations: chain, block and tree rejection sampling, greedy verify (the
 exact laws they must follow are the domain's, :mod:`losslessness.laws`).
 
-``reference`` imports nothing from ``checks``, ``adapters`` or ``reports`` (DESIGN.md section 2).
+``reference`` imports nothing from ``checks``, ``adapters`` or ``reports`` (docs/architecture.md,
+'Layers').
 """
 
 from losslessness.reference.block import (

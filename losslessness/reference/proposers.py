@@ -1,7 +1,7 @@
 """Drafters for the reference spec-decode loop: a draft model, and n-gram prompt lookup.
 
 A proposer returns up to k draft tokens and the law q_i each was drawn from. The chain
-verifier is lossless only when ``d_i ~ q_i`` really holds (DESIGN.md section 3), so a
+verifier is lossless only when ``d_i ~ q_i`` really holds (docs/architecture.md, 'Protocols'), so a
 deterministic proposer (n-gram lookup, a greedy draft model) reports one-hot rows: the law of
 a token chosen with certainty.
 """

@@ -1,8 +1,8 @@
 """The exact law of the first L generated tokens, enumerated from a next-token law.
 
 For any autoregressive sampler, ``P(x_1..x_L | prompt) = prod_t p(x_t | prompt, x_<t)``. Given
-the target's processed next-token law (``next_token_probs``, DESIGN.md section 3) the law of
-the first L tokens is enumerated breadth-first over the sequences of positive probability
+the target's processed next-token law (``next_token_probs``, docs/architecture.md, 'Protocols') the
+law of the first L tokens is enumerated breadth-first over the sequences of positive probability
 only, so a filtered law (top-k, top-p) over a large vocabulary stays small. It is what a
 lossless speculative decoder's output must follow (Leviathan et al. 2022, Thm. 3.5, applied
 step after step).

@@ -16,9 +16,10 @@ The triples: :func:`acceptance_rate_test` / ``power.acceptance_rate_minimum_dete
 :func:`rate_bound_minimum_detectable_shift` / ``power.rate_bound_sample_size`` (the sample
 sizes live in :mod:`losslessness.stats.power`, which imports this module).
 
-The direction matters to the verdict (DESIGN.md section 4): an acceptance rate significantly
-*higher* than ``sum(min(p, q))`` proves loss, significantly *lower* is only suboptimal. The test is
-two-sided; :attr:`BinomialTestResult.direction` says which side the observation fell on.
+The direction matters to the verdict (docs/architecture.md, 'What lossless means'): an acceptance
+rate significantly *higher* than ``sum(min(p, q))`` proves loss, significantly *lower* is only
+suboptimal. The test is two-sided; :attr:`BinomialTestResult.direction` says which side the
+observation fell on.
 """
 
 from __future__ import annotations

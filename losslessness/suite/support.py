@@ -39,8 +39,8 @@ MAX_BATCH = 2
 
 SUITE_DTYPES = (torch.float64, torch.float32)
 """Input dtypes of generated chain cases. The chain protocol's rows sum to 1 within 1e-5
-(DESIGN.md section 3), which float16 and bfloat16 rows miss (measured up to 2e-3); precision
-checks for those dtypes belong to the GPU/precision battery."""
+(docs/architecture.md, 'Protocols'), which float16 and bfloat16 rows miss (measured up to 2e-3);
+precision checks for those dtypes belong to the GPU/precision battery."""
 
 STEPS_PER_ROW = 4000
 """Verification steps per row type and example."""

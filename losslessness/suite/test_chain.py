@@ -1,7 +1,7 @@
-"""Chain sampling verifier properties (DESIGN.md section 4, items 1-5), run on the target named
-by ``--losslessness-target``: structure, the conditional law at every position (bonus
-included), acceptance (too high is LOSSY; too low warns SUBOPTIMAL), the exact edge cases, and
-the independence of identical rows in one batch."""
+"""Chain sampling verifier properties (docs/architecture.md, 'What lossless means', items 1-5), run
+on the target named by ``--losslessness-target``: structure, the conditional law at every position
+(bonus included), acceptance (too high is LOSSY; too low warns SUBOPTIMAL), the exact edge cases,
+and the independence of identical rows in one batch."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""Greedy verifier property (DESIGN.md section 4, item 6), run on the target named by
-``--losslessness-greedy``: token-for-token equality with argmax decoding, ties included."""
+"""Greedy verifier property (docs/architecture.md, 'What lossless means', item 6), run on the
+target named by ``--losslessness-greedy``: token-for-token equality with argmax decoding, ties
+included."""
 
 from __future__ import annotations
 

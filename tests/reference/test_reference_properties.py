@@ -7,9 +7,9 @@ tensors, so a failing example replays bit for bit from the example Hypothesis pr
 ``@reproduce_failure`` blob under the ``ci`` profile). The seed is attached with ``note``.
 
 Exact properties never fail on correct code and take no share of the budget: the output's
-structure (DESIGN.md section 4, item 1), the exact edge cases (item 4), ``verify`` ==
-``verify_with_uniforms`` on the generator's own uniforms, greedy == argmax decoding (item 6)
-and the algebra of :func:`losslessness.laws.chain_laws`.
+structure (docs/architecture.md, 'What lossless means', item 1), the exact edge cases (item 4),
+``verify`` == ``verify_with_uniforms`` on the generator's own uniforms, greedy == argmax decoding
+(item 6) and the algebra of :func:`losslessness.laws.chain_laws`.
 
 Statistical property (item 2 and 3):
 :func:`test_reference_chain_emits_p_i_at_every_reached_position_and_accepts_at_sum_min_pq`
@@ -68,7 +68,8 @@ from strategies import (
 )
 
 RUN_SEED = 0
-"""Root of every sampling seed in this file (DESIGN.md section 5, "Seeds")."""
+"""Root of every sampling seed in this file (docs/architecture.md, 'Statistical method',
+"Seeds")."""
 
 MAX_VOCAB = 64
 MAX_K = 4
@@ -155,7 +156,8 @@ def _emitted_counts(output: torch.Tensor) -> torch.Tensor:
 def _assert_chain_structure(
     output: torch.Tensor, target_probs: torch.Tensor, draft_token_ids: torch.Tensor
 ) -> None:
-    """DESIGN.md section 4, item 1, on every row of one verification step's output."""
+    """docs/architecture.md, 'What lossless means', item 1, on every row of one verification step's
+    output."""
     rows, positions, vocab = target_probs.shape
     k = positions - 1
     assert output.dtype == torch.int64
@@ -356,8 +358,8 @@ EDGE_CASE_STEPS = 500
 def test_reference_accepts_no_draft_when_supports_are_disjoint(
     pair: tuple[torch.Tensor, torch.Tensor], bonus: st.DataObject
 ) -> None:
-    """Exact (DESIGN.md section 4, item 4): with ``sum min(p, q) = 0`` no draft is ever
-    accepted, and the one emitted token lies in p's support."""
+    """Exact (docs/architecture.md, 'What lossless means', item 4): with ``sum min(p, q) = 0`` no
+    draft is ever accepted, and the one emitted token lies in p's support."""
     p, q = pair
     vocab = p.numel()
     p_bonus = bonus.draw(probability_vectors(vocab), label="p_bonus")
@@ -378,8 +380,8 @@ def test_reference_accepts_no_draft_when_supports_are_disjoint(
 def test_reference_always_emits_the_token_of_a_one_hot_target(
     case: ChainCase, hot: st.DataObject
 ) -> None:
-    """Exact (DESIGN.md section 4, item 4): where p_i is one-hot at token t, every step that
-    reaches position i emits t there, whatever the draft."""
+    """Exact (docs/architecture.md, 'What lossless means', item 4): where p_i is one-hot at token t,
+    every step that reaches position i emits t there, whatever the draft."""
     vocab, k = case.vocab_size, case.k
     position = hot.draw(st.integers(0, k), label="one-hot position")
     token = hot.draw(st.integers(0, vocab - 1), label="one-hot token")
