@@ -68,25 +68,36 @@ def _chain_monitor(state: ShardState, unit: Unit, case: ChainCase) -> ChainMonit
     )
 
 
+def _redraw_with_fresh_inputs(state: ShardState, stream: _ChainStream) -> ChainSampler:
+    """The verifier wrote into its reused inputs, so the current chunk's calls so far saw
+    corrupted p and q: redraw them (same seed, same call schedule, so the same drafts and
+    uniforms) with fresh inputs per call, make the redrawn sampler the stream's (the chunk's
+    later calls get fresh inputs too), and let the monitor look at the redrawn steps alone.
+    Nothing decided on the corrupted calls survives."""
+    sampler, unit = stream.sampler, stream.units[stream.position]
+    assert sampler is not None
+    adapter = state.plan.adapter(unit.target)
+    assert adapter.chain is not None
+    again = ChainSampler(adapter.chain, stream.case, unit.steps, sampler.seed,
+                         state.plan.config.timeout_s, ramp=sampler.ramp, fresh_inputs=True)
+    while again.calls < sampler.calls:
+        again.step()
+    stream.sampler = again
+    if stream.monitor is not None:
+        stream.monitor.reset()
+        done = again.done
+        stream.monitor.update(again.outputs[:, :done], again.drafts[:, :done],
+                              again.samples().pairs)
+    return again
+
+
 def _finish_chunk(state: ShardState, stream: _ChainStream, stopped: str | None) -> None:
     """Close the stream's current chunk: its table, its record (with the monitor's evidence
     and why it stopped early, if it did)."""
     sampler, record, unit = stream.sampler, stream.record, stream.units[stream.position]
     assert sampler is not None and record is not None
     if not sampler.inputs_intact():
-        # The verifier wrote into its reused inputs: every sample of the chunk is redrawn with
-        # fresh inputs per call, and the monitor looks at them once.
-        adapter = state.plan.adapter(unit.target)
-        assert adapter.chain is not None
-        again = ChainSampler(adapter.chain, stream.case, sampler.done, sampler.seed,
-                             state.plan.config.timeout_s, ramp=sampler.ramp, fresh_inputs=True)
-        while not again.finished:
-            again.step()
-        sampler = again
-        if stream.monitor is not None:
-            stream.monitor.reset()
-            stream.monitor.update(sampler.outputs, sampler.drafts,
-                                  sampler.samples().pairs)
+        sampler = _redraw_with_fresh_inputs(state, stream)
     samples = sampler.samples()
     record.verify_steps = samples.n_steps * stream.case.n_rows
     record.verifier_calls = samples.calls
@@ -155,7 +166,13 @@ def _advance_stream(state: ShardState, stream: _ChainStream) -> None:
     if stream.monitor is not None:
         outputs = sampler.outputs[:, start : start + m]
         drafts = sampler.drafts[:, start : start + m]
-        if stream.monitor.update(outputs, drafts, sampler.call_pairs(start, m)):
+        decided = stream.monitor.update(outputs, drafts, sampler.call_pairs(start, m))
+        if decided and not sampler.inputs_intact():
+            # Evidence from calls whose inputs the verifier overwrote decides nothing: the
+            # chunk so far is redrawn with fresh inputs and the monitor judges those steps.
+            sampler = _redraw_with_fresh_inputs(state, stream)
+            decided = stream.monitor.decision is not None
+        if decided:
             decision = stream.monitor.decision
             assert decision is not None
             stop = f"LOSSY: {decision.reason}"

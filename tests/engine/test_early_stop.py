@@ -194,3 +194,33 @@ def test_nightly_refuses_a_step_multiplier_with_a_time_budget() -> None:
     )
     assert result.exit_code == 2
     assert "--budget" in result.output and "--time-budget" in result.output
+
+
+def _writes_q_over_p(
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    generator: torch.Generator,
+) -> torch.Tensor:
+    """Hostile: the zoo's ``residual-zeroes-rejected-token`` (lossy), which after every call
+    writes q over p in its input buffer, so that the calls after the first see corrupted
+    inputs."""
+    lossy = resolve_adapter("mutant/residual-zeroes-rejected-token").chain
+    assert lossy is not None
+    output = lossy(target_probs, draft_probs, draft_token_ids, generator)
+    k = draft_probs.shape[1]
+    target_probs[:, :k] = draft_probs
+    return output
+
+
+@pytest.mark.parametrize("early_stop", [True, False])
+def test_a_verifier_writing_into_its_inputs_cannot_turn_early_stopping_into_lossless(
+    early_stop: bool,
+) -> None:
+    """Evidence drawn from overwritten inputs decides nothing: the chunk is redrawn with fresh
+    inputs before any stop, so a lossy verifier that writes q over p after each call is LOSSY
+    with early stopping as without it (before the fix: LOSSLESS beside 'stopped early: LOSSY',
+    on three cases: LOSSLESS beside a stop that had decided LOSSY)."""
+    hostile = Adapter("writes-q-over-p", "lossy, overwrites its inputs", chain=_writes_q_over_p)
+    target = run_audit([hostile], RunConfig(cases=CASES, early_stop=early_stop)).targets[0]
+    assert target.verdict is TargetVerdict.LOSSY, target.stopped_early
