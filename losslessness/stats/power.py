@@ -269,8 +269,9 @@ class IdentityPlan:
         df: degrees of freedom after pooling at ``n``.
         pooled_mass: null probability of the pooled cell at ``n`` (``0.0`` if none).
         minimum_detectable_tv: honest bound at ``n``: every alternative at TV at least this is
-            detected with the requested power; ``minimum_detectable_tv(n, df, alpha, power) +
-            pooled_mass`` (``math.inf`` when nothing is testable).
+            detected with the requested power;
+            ``chi_square_minimum_detectable_tv(n, df, alpha, power) + pooled_mass``
+            (``math.inf`` when nothing is testable).
         capped: True when ``max_n`` stopped :func:`plan_identity_test` before the target TV was
             reached (then ``n == max_n`` and the bound is above the target).
     """
