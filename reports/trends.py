@@ -11,7 +11,8 @@ Three flags, all against the most recent earlier run that has the key:
 - **power drop**: the check's minimum detectable TV grew by more than ``power_drop_factor``
   (default :data:`POWER_DROP_FACTOR`), or became infinite: at the same design the run now
   misses violations it used to catch (fewer samples reached the position, a lowered step cap,
-  a smaller budget). Crashed and skipped checks have no power to compare and are not flagged;
+  a smaller step multiplier or time budget). Crashed and skipped checks have no power to
+  compare and are not flagged;
 - **verdict changed with a version**: the check's verdict differs from that run's and an engine
   version in the runs' ``environment`` (every entry but :data:`BASE_ENVIRONMENT`: vllm,
   sglang, flashinfer, transformers, ... as :func:`losslessness.results.run_environment`
