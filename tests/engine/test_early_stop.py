@@ -219,8 +219,8 @@ def test_a_verifier_writing_into_its_inputs_cannot_turn_early_stopping_into_loss
 ) -> None:
     """Evidence drawn from overwritten inputs decides nothing: the chunk is redrawn with fresh
     inputs before any stop, so a lossy verifier that writes q over p after each call is LOSSY
-    with early stopping as without it (before the fix: LOSSLESS beside 'stopped early: LOSSY',
-    on three cases: LOSSLESS beside a stop that had decided LOSSY)."""
+    with early stopping as without it (before the fix, on these three cases: LOSSLESS beside
+    'stopped early: LOSSY')."""
     hostile = Adapter("writes-q-over-p", "lossy, overwrites its inputs", chain=_writes_q_over_p)
     target = run_audit([hostile], RunConfig(cases=CASES, early_stop=early_stop)).targets[0]
     assert target.verdict is TargetVerdict.LOSSY, target.stopped_early
