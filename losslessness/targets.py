@@ -54,6 +54,9 @@ def load_callable(spec: str) -> object:
 
     Raises:
         AdapterNotFound: malformed spec, module not importable, or attribute missing.
+        AdapterUnavailable: the module exists but its import raised (a syntax error, an
+            exception, ``sys.exit``): the target is named and audited as ERROR (exit 3), never
+            a traceback under the LOSSY exit code.
     """
     module_name, _, attribute = spec.partition(":")
     if not module_name or not attribute:
@@ -65,6 +68,12 @@ def load_callable(spec: str) -> object:
         value: object = importlib.import_module(module_name)
     except ImportError as error:
         raise AdapterNotFound(f"{spec!r}: cannot import {module_name!r}: {error}") from error
+    except KeyboardInterrupt:
+        raise
+    except BaseException as error:
+        raise AdapterUnavailable(
+            f"{spec!r}: importing {module_name!r} raised {type(error).__name__}: {error}"
+        ) from error
     for part in attribute.split("."):
         if not hasattr(value, part):
             raise AdapterNotFound(

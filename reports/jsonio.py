@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -76,8 +77,22 @@ def audit_from_dict(data: dict[str, Any]) -> AuditResult:
 
 
 def write_json(result: AuditResult, path: str | Path) -> None:
-    """Write ``result`` to ``path`` as indented JSON (strict: no NaN or Infinity literals)."""
-    Path(path).write_text(json.dumps(audit_to_dict(result), indent=2, allow_nan=False) + "\n")
+    """Write ``result`` to ``path`` as indented JSON (strict: no NaN or Infinity literals),
+    atomically: a temporary file beside it, then a rename, so a reader (or an interrupted run)
+    never sees half a record.
+
+    Raises:
+        OSError: the file cannot be written (missing folder, no permission, disk full); no
+            partial file is left at ``path``.
+    """
+    target = Path(path)
+    text = json.dumps(audit_to_dict(result), indent=2, allow_nan=False) + "\n"
+    temporary = target.with_name(target.name + ".tmp")
+    try:
+        temporary.write_text(text)
+        os.replace(temporary, target)
+    finally:
+        temporary.unlink(missing_ok=True)
 
 
 def read_json(path: str | Path) -> AuditResult:

@@ -9,13 +9,14 @@ run).
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Any
 
 import click
 from rich.console import Console
 
 from losslessness.adapters import Adapter
-from losslessness.commands.options import build_config, design_options
+from losslessness.commands.options import build_config, check_output_file, design_options
 from losslessness.engine import run_audit
 from losslessness.targets import UnavailableTarget, resolve_targets
 
@@ -106,6 +107,8 @@ def audit_command(
     from reports.progress import progress_bar
 
     config = build_config(options)
+    if json_path:
+        check_output_file(Path(json_path), "--json")
     resolved = resolve_named_targets(targets, greedy, tree_targets, tree_greedy_targets)
     console = report_console()
     try:
@@ -116,8 +119,10 @@ def audit_command(
             )
     except ValueError as error:
         raise click.UsageError(str(error)) from error
+    if json_path:
+        # The record first: printing can fail (a closed pipe), the JSON must not be lost.
+        write_json(result, json_path)
     print_audit(result, console)
     if json_path:
-        write_json(result, json_path)
         console.print(f"wrote {json_path}")
     sys.exit(result.exit_code)

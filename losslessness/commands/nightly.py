@@ -38,7 +38,7 @@ import click
 from rich.console import Console
 
 from losslessness.commands.audit import report_console
-from losslessness.commands.options import build_config, design_options
+from losslessness.commands.options import build_config, design_options, prepare_output_folder
 from losslessness.config import DEVICE_DEFAULTS, DEVICES, SUITE_PROFILES, RunConfig
 from losslessness.engine import (
     RunResult,
@@ -87,11 +87,12 @@ def _finish(result: RunResult, out_dir: Path, history: tuple[Path, ...]) -> None
     from reports import print_audit
 
     console = report_console()
-    print_audit(result.audit, console)
     try:
+        # The reports first: printing can fail (a closed pipe), the record must not be lost.
         paths = write_night(result, out_dir, history)
     except (FileNotFoundError, ValueError) as error:
         raise click.BadParameter(str(error), param_hint="--history") from error
+    print_audit(result.audit, console)
     for name, path in paths.items():
         console.print(f"wrote {name}: {path}")
     sys.exit(result.exit_code)
@@ -252,6 +253,7 @@ def nightly_command(
             "--time-budget fits one process's measured throughput; run the night in one "
             "process (no --shard or --ray), or give the shards --budget instead"
         )
+    prepare_output_folder(out_dir, "--out")
     console = Console(stderr=True)
     try:
         plan, deadline, claim = make_budgeted_plan(
@@ -370,6 +372,7 @@ def _run_on_ray(
 def merge_command(shard_files: tuple[Path, ...], out_dir: Path, history: tuple[Path, ...]) -> None:
     """Merge SHARD_FILES written by 'losslessness nightly --shard i/N' (the same plan, every
     unit exactly once), run the checks on the merged statistics and write the reports."""
+    prepare_output_folder(out_dir, "--out")
     try:
         shards = [load_shard(path) for path in shard_files]
         result = finish_run(shards)

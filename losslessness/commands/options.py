@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import click
@@ -139,3 +141,34 @@ def build_config(values: dict[str, Any], **extra: Any) -> RunConfig:
         return RunConfig(**fields)
     except ValueError as error:
         raise click.UsageError(str(error)) from error
+
+
+def check_output_file(path: Path, flag: str) -> None:
+    """Refuse, before anything is sampled, an output file that could not be written at the end
+    of a run (its folder missing or not writable, or the path a folder).
+
+    Raises:
+        click.BadParameter: naming ``flag`` and what is wrong.
+    """
+    folder = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        raise click.BadParameter(f"{path} is a directory, not a file", param_hint=flag)
+    if not folder.is_dir():
+        raise click.BadParameter(f"folder {folder} does not exist", param_hint=flag)
+    if not os.access(folder, os.W_OK):
+        raise click.BadParameter(f"folder {folder} is not writable", param_hint=flag)
+
+
+def prepare_output_folder(path: Path, flag: str) -> None:
+    """Create the output folder (and its parents) before anything is sampled, and check that it
+    is writable, so a run never loses its results to a folder it cannot write at the end.
+
+    Raises:
+        click.BadParameter: naming ``flag`` and what is wrong.
+    """
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise click.BadParameter(f"cannot create {path}: {error}", param_hint=flag) from error
+    if not os.access(path, os.W_OK):
+        raise click.BadParameter(f"folder {path} is not writable", param_hint=flag)

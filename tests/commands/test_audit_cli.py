@@ -239,3 +239,38 @@ def test_repeated_target_names_are_a_usage_error_naming_them() -> None:
     result = CliRunner().invoke(main, ["audit", "reference", "reference"])
     assert result.exit_code == 2
     assert "names repeat" in result.output
+
+
+@pytest.mark.parametrize(
+    ("source", "raised"),
+    [
+        ("def verify(:\n", "SyntaxError"),
+        ("raise RuntimeError('boom at import')\n", "RuntimeError"),
+        ("import sys\nsys.exit(0)\n", "SystemExit"),
+    ],
+)
+def test_a_target_module_failing_at_import_is_an_error_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: str, raised: str
+) -> None:
+    """Hostile targets whose module has a syntax error, raises or calls ``sys.exit(0)`` at
+    import: exit 3 (ERROR) with the target and the exception named, never a traceback under
+    the LOSSY code 1 or a silent exit 0 (before: 1, 1 and 0)."""
+    module = f"hostile_import_{raised.lower()}"
+    (tmp_path / f"{module}.py").write_text(source)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    result, record = audit_json(tmp_path, f"{module}:verify")
+    assert result.exit_code == 3
+    assert f"{module}:verify" in result.output and raised in result.output
+    assert [target["verdict"] for target in record["targets"]] == ["ERROR"]
+
+
+def test_json_to_a_missing_folder_is_refused_before_anything_is_sampled(tmp_path: Path) -> None:
+    """``--json`` into a folder that does not exist is a usage error naming the flag, given
+    before the audit runs (before: a traceback after the whole audit, results lost)."""
+    result = CliRunner().invoke(
+        main, ["audit", "reference", "--json", str(tmp_path / "missing" / "a.json")]
+    )
+    assert result.exit_code == 2
+    assert "--json" in result.output and "does not exist" in result.output
+    assert "verify steps" not in result.output
