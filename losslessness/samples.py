@@ -1,6 +1,9 @@
 """What a run draws from a target and hands to the checks.
 
 Checks are functions of these samples (and the case's exact laws); they never call a target.
+The chain checks read :class:`ChainCounts`, distinct steps with how often each occurred: a
+count table of the engine becomes one without expanding its counts, and raw samples become one
+with every step counted once (:func:`chain_counts`).
 """
 
 from __future__ import annotations
@@ -43,6 +46,101 @@ class ChainSamples:
     def n_steps(self) -> int:
         """Verification steps per row type."""
         return int(self.outputs.shape[1])
+
+
+@dataclass(frozen=True, eq=False)
+class ChainCounts:
+    """A chain case's steps as the chain checks read them: M distinct steps, each with the
+    number of sampled steps it stands for, and the independence pairs likewise.
+
+    Every count a chain check makes is a weighted count over these M steps, so a count table
+    (:mod:`losslessness.engine.tables`) is checked as it is, whatever its counts; raw samples
+    are the case of every weight 1 (:func:`chain_counts`).
+
+    Attributes:
+        case: the case that was sampled.
+        outputs: ``[R, M, k+1]`` int64 verifier outputs (-1 placeholders kept).
+        drafts: ``[R, M, k]`` int64 drafts (d_i ~ q_i).
+        weights: ``[M]`` int64, each >= 1: how many sampled steps each one stands for.
+        first_step: ``[M]`` int64, increasing: where each one first occurs in the order the
+            steps were sampled (or a table expanded: records in table order, each repeated
+            count times, a pair's two steps adjacent); the step a check's message names.
+        pairs: ``[P, 2]`` int64 indices into the M steps: copies of each row type that one
+            verifier call carried (the independence check compares them).
+        pair_weights: ``[P]`` int64, each >= 1: how many sampled pairs each one stands for.
+        steps_per_call: copies of each row type one verifier call carried (by design).
+
+    Raises:
+        ValueError: naming the attribute whose shape or values do not fit the case.
+    """
+
+    case: ChainCase
+    outputs: np.ndarray
+    drafts: np.ndarray
+    weights: np.ndarray
+    first_step: np.ndarray
+    pairs: np.ndarray
+    pair_weights: np.ndarray
+    steps_per_call: int = 1
+
+    def __post_init__(self) -> None:
+        rows, k = self.case.n_rows, self.case.k
+        if self.outputs.ndim != 3 or self.outputs.shape[::2] != (rows, k + 1):
+            raise ValueError(
+                f"outputs: expected shape [R={rows}, M, k+1={k + 1}], got {self.outputs.shape}"
+            )
+        m = self.outputs.shape[1]
+        if self.drafts.shape != (rows, m, k):
+            raise ValueError(f"drafts: expected shape {(rows, m, k)}, got {self.drafts.shape}")
+        for name, value in (("weights", self.weights), ("first_step", self.first_step)):
+            if value.shape != (m,):
+                raise ValueError(f"{name}: expected shape ({m},), got {value.shape}")
+        if np.any(self.weights < 1):
+            raise ValueError("weights: every step must stand for at least one sampled step")
+        if self.pairs.ndim != 2 or self.pairs.shape[1] != 2:
+            raise ValueError(f"pairs: expected shape [P, 2], got {self.pairs.shape}")
+        if self.pairs.size and (self.pairs.min() < 0 or self.pairs.max() >= m):
+            raise ValueError(f"pairs: step indices must be in [0, {m})")
+        if self.pair_weights.shape != (self.pairs.shape[0],):
+            raise ValueError(
+                f"pair_weights: expected shape ({self.pairs.shape[0]},), got "
+                f"{self.pair_weights.shape}"
+            )
+        if np.any(self.pair_weights < 1):
+            raise ValueError("pair_weights: every pair must stand for at least one sampled pair")
+
+    @property
+    def n_steps(self) -> int:
+        """Sampled verification steps per row type (the sum of the weights)."""
+        return int(self.weights.sum())
+
+    @property
+    def n_pairs(self) -> int:
+        """Sampled independence pairs per row type (the sum of the pair weights)."""
+        return int(self.pair_weights.sum())
+
+
+def chain_counts(samples: ChainSamples | ChainCounts) -> ChainCounts:
+    """The counted view of ``samples``: raw samples with every step and pair counted once, in
+    the order drawn; a :class:`ChainCounts` as it is.
+
+    Raises:
+        ValueError: naming the attribute of ``samples`` whose shape does not fit its case.
+    """
+    if isinstance(samples, ChainCounts):
+        return samples
+    n = samples.n_steps
+    pairs = np.asarray(samples.pairs, dtype=np.int64).reshape(-1, 2)
+    return ChainCounts(
+        case=samples.case,
+        outputs=samples.outputs,
+        drafts=samples.drafts,
+        weights=np.ones(n, dtype=np.int64),
+        first_step=np.arange(n, dtype=np.int64),
+        pairs=pairs,
+        pair_weights=np.ones(pairs.shape[0], dtype=np.int64),
+        steps_per_call=samples.steps_per_call,
+    )
 
 
 @dataclass

@@ -4,10 +4,10 @@ precision diagnostics), and for tree verifiers one ``tree_*`` module per propert
 (``tree_structure``, ``tree_law``, ``tree_acceptance``, ``tree_independence``, ``tree_greedy``;
 which assertions a case makes in ``assertions`` and ``tree_assertions``).
 
-Checks are pure: samples (output rows, count tables expanded to samples, generated sequences)
-and the case's exact laws in, typed :class:`~losslessness.results.CheckResult` records out.
-They never call a target, and never decide which samples to draw or how many: that is the
-engine's (:mod:`losslessness.engine`).
+Checks are pure: samples (output rows, the engine's count tables read as counted steps,
+generated sequences) and the case's exact laws in, typed
+:class:`~losslessness.results.CheckResult` records out. They never call a target, and never
+decide which samples to draw or how many: that is the engine's (:mod:`losslessness.engine`).
 """
 
 from losslessness.checks.acceptance import check_acceptance
@@ -40,27 +40,31 @@ from losslessness.checks.tree_law import check_tree_law
 from losslessness.checks.tree_structure import check_tree_structure
 from losslessness.reference.block import BLOCK_VERIFICATION, TOKEN_VERIFICATION
 from losslessness.results import CheckContext, CheckResult
-from losslessness.samples import ChainSamples, TreeSamples
+from losslessness.samples import ChainCounts, ChainSamples, TreeSamples, chain_counts
 
 
 def run_chain_checks(
-    samples: ChainSamples, context: CheckContext, verification: str = TOKEN_VERIFICATION
+    samples: ChainSamples | ChainCounts,
+    context: CheckContext,
+    verification: str = TOKEN_VERIFICATION,
 ) -> list[CheckResult]:
     """Every chain check on one case's samples: structure, conditional laws (and one-hot
     edges), acceptance (and disjoint / p == q edges), independence of identical rows.
 
     Args:
-        samples: the case's samples.
+        samples: the case's samples: raw, as drawn, or counted
+            (:class:`~losslessness.samples.ChainCounts`, e.g. a count table's steps).
         context: the case's context.
         verification: how the target declares it verifies (``"token"`` or ``"block"``,
             :func:`losslessness.reference.declared_verification`): a block verifier may emit
             the draft as its correction token, and has its own acceptance threshold.
     """
+    counted = chain_counts(samples)
     return [
-        check_structure(samples, context, block_decisions=verification == BLOCK_VERIFICATION),
-        *check_conditional_laws(samples, context),
-        *check_acceptance(samples, context, verification=verification),
-        *check_row_independence(samples, context),
+        check_structure(counted, context, block_decisions=verification == BLOCK_VERIFICATION),
+        *check_conditional_laws(counted, context),
+        *check_acceptance(counted, context, verification=verification),
+        *check_row_independence(counted, context),
     ]
 
 

@@ -57,7 +57,7 @@ from losslessness.checks.structure import emitted_counts
 from losslessness.laws import ChainLaws, PrefixAcceptanceBound, prefix_acceptance_bound
 from losslessness.reference.block import BLOCK_VERIFICATION, TOKEN_VERIFICATION, block_laws
 from losslessness.results import AcceptanceCounts, CheckContext, CheckKind, CheckResult, Verdict
-from losslessness.samples import ChainSamples
+from losslessness.samples import ChainCounts, ChainSamples, chain_counts
 from losslessness.stats import (
     acceptance_rate_minimum_detectable_shift,
     acceptance_rate_test,
@@ -76,12 +76,16 @@ up to millions of products must never turn a lossless verifier's rate into a vio
 
 
 def check_acceptance(
-    samples: ChainSamples, context: CheckContext, *, verification: str = TOKEN_VERIFICATION
+    samples: ChainSamples | ChainCounts,
+    context: CheckContext,
+    *,
+    verification: str = TOKEN_VERIFICATION,
 ) -> list[CheckResult]:
     """Test the acceptance at every reachable draft position (see the module docstring).
 
     Args:
-        samples: outputs ``[R, n, k+1]`` of a case.
+        samples: outputs ``[R, n, k+1]`` of a case, raw or counted
+            (:class:`~losslessness.samples.ChainCounts`).
         context: the case's context.
         verification: how the audited verifier declares it verifies
             (:func:`losslessness.reference.declared_verification`): ``"token"`` (default) or
@@ -101,8 +105,9 @@ def check_acceptance(
             f"verification: must be {TOKEN_VERIFICATION!r} or {BLOCK_VERIFICATION!r}, "
             f"got {verification!r}"
         )
-    case = samples.case
-    counts = emitted_counts(samples.outputs)
+    counted = chain_counts(samples)
+    case, weights = counted.case, counted.weights
+    counts = emitted_counts(counted.outputs)
     results = []
     for r, laws in enumerate(case_laws(case)):
         bound: PrefixAcceptanceBound | None = None
@@ -118,8 +123,8 @@ def check_acceptance(
             if not is_reachable(laws, i):
                 continue
             began = time.perf_counter()
-            reached = int((counts[r] > i).sum())
-            accepted = int((counts[r] > i + 1).sum())
+            reached = int(weights[counts[r] > i].sum())
+            accepted = int(weights[counts[r] > i + 1].sum())
             expected = float(laws.acceptance[i])
             exact = exact_acceptance(laws, i)
             observed = AcceptanceCounts(expected, accepted, reached)
@@ -151,7 +156,16 @@ def check_acceptance(
                 assert bound is not None
                 results.append(
                     _prefix_result(
-                        context, laws, counts[r], i, r, bound, block_reach, observed, began
+                        context,
+                        laws,
+                        counts[r],
+                        weights,
+                        i,
+                        r,
+                        bound,
+                        block_reach,
+                        observed,
+                        began,
                     )
                 )
                 continue
@@ -193,6 +207,7 @@ def _prefix_result(
     context: CheckContext,
     laws: ChainLaws,
     counts: np.ndarray,
+    weights: np.ndarray,
     position: int,
     row: int,
     bound: PrefixAcceptanceBound,
@@ -202,7 +217,9 @@ def _prefix_result(
 ) -> CheckResult:
     """The assertion at draft position ``position`` >= 1: the count of steps (of all steps)
     that accepted d_0..d_position, against the joint bound (LOSSY above) and the SUBOPTIMAL
-    threshold (below), each by an exact one-sided binomial test at half the level.
+    threshold (below), each by an exact one-sided binomial test at half the level. ``counts``
+    ``[M]`` are the emitted tokens of the row's distinct steps, each standing for ``weights``
+    ``[M]`` sampled steps.
 
     The record's ``n``, ``statistic`` and ``acceptance`` counts stay those of the acceptance
     at this position given that it was reached, against sum min(p_i, q_i) (what reports
@@ -210,8 +227,8 @@ def _prefix_result(
     two minimum detectable shifts, in units of the prefix rate), whose counts are in the
     ``prefix_*`` details and the message."""
     m = position + 1
-    steps = int(counts.shape[0])
-    accepted = int((counts > m).sum())
+    steps = int(weights.sum())
+    accepted = int(weights[counts > m].sum())
     token_rate = float(laws.reach[m])
     # The token-level algorithm is lossless, so the bound is never below its rate: the max
     # only absorbs float rounding.
@@ -265,7 +282,7 @@ def _prefix_result(
         "min_detectable_shift_lower": shift_low,
         "direction": "higher" if observed > upper else "lower" if observed < lower else "within",
     }
-    reached = int((counts > position).sum())
+    reached = int(weights[counts > position].sum())
     return context.result(
         ACCEPTANCE_CHECK_ID,
         kind=CheckKind.STATISTICAL,

@@ -28,7 +28,7 @@ from losslessness.checks.assertions import (
 from losslessness.checks.ids import EDGE_ONE_HOT_CHECK_ID, LAW_CHECK_ID
 from losslessness.checks.structure import emitted_counts
 from losslessness.results import CheckContext, CheckKind, CheckResult, LawCells, Verdict
-from losslessness.samples import ChainSamples
+from losslessness.samples import ChainCounts, ChainSamples, chain_counts
 from losslessness.stats import (
     exact_check_minimum_detectable_rate,
     identity_minimum_detectable_tv,
@@ -63,30 +63,52 @@ def law_cells(observed: np.ndarray, p: np.ndarray) -> LawCells:
     )
 
 
-def check_conditional_laws(samples: ChainSamples, context: CheckContext) -> list[CheckResult]:
+def token_counts(tokens: np.ndarray, weights: np.ndarray, vocab: int) -> np.ndarray:
+    """How many sampled steps emitted each token.
+
+    Args:
+        tokens: ``[M]`` int64 token ids in ``[0, V)``.
+        weights: ``[M]`` int64, how many sampled steps each entry stands for.
+        vocab: V.
+
+    Returns:
+        ``[V]`` int64 counts (exact: float64 holds every integer count below 2**53).
+    """
+    summed = np.bincount(tokens, weights=weights.astype(np.float64), minlength=vocab)
+    counts: np.ndarray = np.rint(summed).astype(np.int64)
+    return counts
+
+
+def check_conditional_laws(
+    samples: ChainSamples | ChainCounts, context: CheckContext
+) -> list[CheckResult]:
     """Identity-test the emitted token at every reachable position against p_i.
 
     Args:
-        samples: outputs ``[R, n, k+1]`` of a case.
+        samples: outputs ``[R, n, k+1]`` of a case, raw or counted
+            (:class:`~losslessness.samples.ChainCounts`).
         context: the case's context (per-assertion alpha, power, seed).
 
     Returns:
         One :class:`CheckResult` per (row type, position): statistical ``law`` checks, exact
         ``edge.one-hot`` checks for one-hot p_i, SKIPPED for positions the step cannot reach.
     """
-    case = samples.case
-    counts = emitted_counts(samples.outputs)
+    counted = chain_counts(samples)
+    case = counted.case
+    counts = emitted_counts(counted.outputs)
     results = []
     for r, laws in enumerate(case_laws(case)):
         for i in range(case.k + 1):
             began = time.perf_counter()
-            tokens = samples.outputs[r, counts[r] > i, i]
+            reached = counts[r] > i
+            tokens, weights = counted.outputs[r, reached, i], counted.weights[reached]
+            n_tokens = int(weights.sum())
             p = laws.emitted[i].numpy()
             statistical = law_is_statistical(laws, i)
             one_hot_edge = not statistical and "one-hot" in case.tags
             check_id = EDGE_ONE_HOT_CHECK_ID if one_hot_edge else LAW_CHECK_ID
             kind = CheckKind.STATISTICAL if statistical else CheckKind.EXACT
-            common: dict[str, Any] = {"position": i, "row": r, "n": int(tokens.size)}
+            common: dict[str, Any] = {"position": i, "row": r, "n": n_tokens}
             details: dict[str, Any] = {"reach_probability": float(laws.reach[i])}
             if not is_reachable(laws, i):
                 results.append(
@@ -102,8 +124,8 @@ def check_conditional_laws(samples: ChainSamples, context: CheckContext) -> list
                 )
                 continue
             in_vocab = (tokens >= 0) & (tokens < case.vocab_size)
-            out_of_vocab = int((~in_vocab).sum())
-            observed_counts = np.bincount(tokens[in_vocab], minlength=case.vocab_size)
+            out_of_vocab = int(weights[~in_vocab].sum())
+            observed_counts = token_counts(tokens[in_vocab], weights[in_vocab], case.vocab_size)
             test = identity_test(observed_counts, p)
             impossible = test.zero_mass_count + out_of_vocab
             if statistical:
@@ -122,12 +144,13 @@ def check_conditional_laws(samples: ChainSamples, context: CheckContext) -> list
                 verdict = Verdict.LOSSY
                 shown = list(test.zero_mass_tokens[:5])
                 message = (
-                    f"{impossible} of {tokens.size} emitted tokens have p = 0 at position {i}"
+                    f"{impossible} of {n_tokens} emitted tokens have p = 0 at position {i}"
                     f" (tokens {shown}{' and ids outside the vocabulary' if out_of_vocab else ''})"
                 )
             elif statistical and test.pvalue <= context.alpha:
                 verdict = Verdict.LOSSY
-                observed = np.bincount(tokens, minlength=case.vocab_size) / max(tokens.size, 1)
+                # No token is out of the vocabulary here (that is the exact failure above).
+                observed = observed_counts / max(n_tokens, 1)
                 worst = int(np.argmax(np.abs(observed - p)))
                 message = (
                     f"emitted token at position {i} does not follow p_{i}: p-value "

@@ -23,7 +23,7 @@ from scipy import stats
 from losslessness.checks.assertions import case_laws, independence_is_statistical
 from losslessness.checks.ids import INDEPENDENCE_CHECK_ID
 from losslessness.results import CheckContext, CheckKind, CheckResult, Verdict
-from losslessness.samples import ChainSamples
+from losslessness.samples import ChainCounts, ChainSamples, chain_counts
 from losslessness.stats import chi_square_minimum_detectable_tv
 
 MIN_EXPECTED_PAIR_COUNT = 20.0
@@ -52,7 +52,7 @@ class PairIndependenceTest:
 
 
 def pair_independence_test(
-    first: np.ndarray, second: np.ndarray, p0: np.ndarray
+    first: np.ndarray, second: np.ndarray, p0: np.ndarray, weights: np.ndarray | None = None
 ) -> PairIndependenceTest:
     """Test that the paired tokens ``first[j]`` and ``second[j]`` are independent.
 
@@ -64,12 +64,15 @@ def pair_independence_test(
     Args:
         first, second: ``[P]`` int64 paired tokens.
         p0: ``[V]`` float, the tokens' common law.
+        weights: ``[P]`` int64, how many sampled pairs each entry stands for (None: one each).
 
     Returns:
         :class:`PairIndependenceTest`.
     """
     vocab = int(p0.size)
-    n_pairs = int(first.size)
+    if weights is None:
+        weights = np.ones(first.size, dtype=np.int64)
+    n_pairs = int(weights.sum())
     frequent = np.flatnonzero(n_pairs * p0**2 >= MIN_EXPECTED_PAIR_COUNT)
     category = np.full(vocab + 1, frequent.size, dtype=np.int64)
     category[frequent] = np.arange(frequent.size)
@@ -81,7 +84,7 @@ def pair_independence_test(
     a = np.minimum(category[first[valid]], n_categories - 1)
     b = np.minimum(category[second[valid]], n_categories - 1)
     table = np.zeros((n_categories, n_categories), dtype=np.int64)
-    np.add.at(table, (a, b), 1)
+    np.add.at(table, (a, b), weights[valid])
     table = table[table.sum(axis=1) > 0][:, table.sum(axis=0) > 0]
     if min(table.shape) < 2:
         return PairIndependenceTest(n_pairs, n_categories, 0.0, 1.0, 0)
@@ -91,16 +94,20 @@ def pair_independence_test(
     )
 
 
-def _pairs(samples: ChainSamples, row: int) -> tuple[np.ndarray, np.ndarray]:
-    first = samples.outputs[row, :, 0]
-    return first[samples.pairs[:, 0]], first[samples.pairs[:, 1]]
+def _pairs(counted: ChainCounts, row: int) -> tuple[np.ndarray, np.ndarray]:
+    first = counted.outputs[row, :, 0]
+    return first[counted.pairs[:, 0]], first[counted.pairs[:, 1]]
 
 
-def check_row_independence(samples: ChainSamples, context: CheckContext) -> list[CheckResult]:
+def check_row_independence(
+    samples: ChainSamples | ChainCounts, context: CheckContext
+) -> list[CheckResult]:
     """Test that paired identical rows of one call emit independent first tokens.
 
     Args:
-        samples: outputs ``[R, n, k+1]``; ``pairs`` the steps that were copies in one call.
+        samples: outputs ``[R, n, k+1]``; ``pairs`` the steps that were copies in one call;
+            raw or counted (:class:`~losslessness.samples.ChainCounts`: each pair counted as
+            often as it occurred).
         context: the case's context.
 
     Returns:
@@ -110,17 +117,18 @@ def check_row_independence(samples: ChainSamples, context: CheckContext) -> list
         two categories. The minimum detectable TV is between the pair's joint law and the
         product of its marginals, on the categories.
     """
-    case = samples.case
+    counted = chain_counts(samples)
+    case, weights = counted.case, counted.pair_weights
     results = []
     for row, laws in enumerate(case_laws(case)):
-        if not independence_is_statistical(laws, samples.steps_per_call):
+        if not independence_is_statistical(laws, counted.steps_per_call):
             continue
         began = time.perf_counter()
-        first, second = _pairs(samples, row)
-        n_pairs = int(first.size)
+        first, second = _pairs(counted, row)
+        n_pairs = counted.n_pairs
         p0 = laws.emitted[0].numpy()
         common: dict[str, Any] = {"position": 0, "row": row, "n": n_pairs}
-        test = pair_independence_test(first, second, p0)
+        test = pair_independence_test(first, second, p0, weights)
         details = {"categories": test.categories}
         if test.categories < 2:
             results.append(
@@ -139,7 +147,7 @@ def check_row_independence(samples: ChainSamples, context: CheckContext) -> list
         verdict = Verdict.LOSSY if pvalue <= context.alpha else Verdict.PASS
         message = f"paired identical rows emit independent first tokens ({n_pairs} pairs)"
         if verdict is Verdict.LOSSY:
-            agree = float((first == second).mean())
+            agree = int(weights[first == second].sum()) / n_pairs
             expected_agree = float((p0**2).sum())
             message = (
                 f"identical rows of one batch are dependent: p-value {pvalue:.3g} <= alpha "

@@ -23,7 +23,7 @@ import numpy as np
 from losslessness.checks.ids import STRUCTURE_CHECK_ID
 from losslessness.protocol import PLACEHOLDER
 from losslessness.results import CheckContext, CheckKind, CheckResult, Verdict
-from losslessness.samples import ChainSamples
+from losslessness.samples import ChainCounts, ChainSamples, chain_counts
 from losslessness.stats import exact_check_minimum_detectable_rate
 
 
@@ -41,25 +41,28 @@ def emitted_counts(outputs: np.ndarray) -> np.ndarray:
 
 
 def check_structure(
-    samples: ChainSamples, context: CheckContext, block_decisions: bool = False
+    samples: ChainSamples | ChainCounts, context: CheckContext, block_decisions: bool = False
 ) -> CheckResult:
     """Exact structural check of every output row of ``samples``.
 
     Args:
-        samples: outputs ``[R, n, k+1]`` and drafts ``[R, n, k]``.
+        samples: outputs ``[R, n, k+1]`` and drafts ``[R, n, k]``, raw or counted
+            (:class:`~losslessness.samples.ChainCounts`: every row counted as often as it
+            occurred).
         context: the case's context.
         block_decisions: the verifier decides the accepted prefix from the whole block (block
             verification), so its correction token may equal the draft: the rule "a replacement
             differs from the rejected draft" is not checked.
 
     Returns:
-        One exact :class:`CheckResult`: LOSSY with the first offending row when any row
-        violates the structure, else PASS.
+        One exact :class:`CheckResult`: LOSSY with the first offending row (lowest row type,
+        then earliest step in sampling order) when any row violates the structure, else PASS.
     """
     began = time.perf_counter()
-    outputs, drafts = samples.outputs, samples.drafts
-    vocab = samples.case.vocab_size
-    k = samples.case.k
+    counted = chain_counts(samples)
+    outputs, drafts, weights = counted.outputs, counted.drafts, counted.weights
+    vocab = counted.case.vocab_size
+    k = counted.case.k
     counts = emitted_counts(outputs)
     positions = np.arange(k + 1)
     emitted = positions < counts[..., None]
@@ -86,17 +89,19 @@ def check_structure(
     violating = np.zeros(counts.shape, dtype=bool)
     for mask in problems.values():
         violating |= mask
-    n = int(counts.size)
-    n_bad = int(violating.sum())
+    rows_of = {name: int(weights[mask.nonzero()[1]].sum()) for name, mask in problems.items()}
+    n = counted.case.n_rows * counted.n_steps
+    n_bad = int(weights[violating.nonzero()[1]].sum())
     message = "every row: ids in range, left-aligned, 1..k+1 tokens, accepted prefix == drafts"
     if n_bad:
-        kinds = [
-            f"{name} ({int(mask.sum())} rows)" for name, mask in problems.items() if mask.any()
-        ]
-        r, step = (int(x) for x in np.argwhere(violating)[0])
+        kinds = [f"{name} ({rows_of[name]} rows)" for name, mask in problems.items() if mask.any()]
+        # The first offending distinct step is also the first in sampling order: each one's
+        # first occurrence comes before every occurrence of the steps after it.
+        r, distinct = (int(x) for x in np.argwhere(violating)[0])
         message = (
             f"{n_bad} of {n} rows malformed: {'; '.join(kinds)}. First: row type {r}, step "
-            f"{step}, drafts {drafts[r, step].tolist()} -> output {outputs[r, step].tolist()}"
+            f"{int(counted.first_step[distinct])}, drafts {drafts[r, distinct].tolist()} -> "
+            f"output {outputs[r, distinct].tolist()}"
         )
     return context.result(
         STRUCTURE_CHECK_ID,
@@ -108,7 +113,7 @@ def check_structure(
         min_detectable_tv=exact_check_minimum_detectable_rate(n, context.power),
         wall_time_s=time.perf_counter() - began,
         message=message,
-        details={"violations": {name: int(mask.sum()) for name, mask in problems.items()}},
+        details={"violations": rows_of},
     )
 
 

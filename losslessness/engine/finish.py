@@ -30,7 +30,7 @@ from losslessness.engine.state import (
     INTERRUPTED_MESSAGE,
     check_context,
 )
-from losslessness.engine.tables import CountTable, expand_table
+from losslessness.engine.tables import CountTable, counted_steps
 from losslessness.results import (
     SCHEMA_VERSION,
     AuditResult,
@@ -111,16 +111,11 @@ def _chain_checks(
         # chunk of the case was sampled.
         message = str(stopped[0].failure) if stopped else INTERRUPTED_MESSAGE
         return [context.untested(check_id, Verdict.SKIPPED, message) for check_id in selected]
-    samples = expand_table(
-        merged.tables[(target, case.case_id)], case, grid.seed, grid.steps_per_call
-    )
-    samples.wall_time_s = context.sampling_time_s
-    samples.verifier_time_s = sum(unit.verifier_time_s for unit in units)
-    samples.calls = sum(unit.verifier_calls for unit in units)
+    steps = counted_steps(merged.tables[(target, case.case_id)], case, grid.steps_per_call)
     reasons = [unit.stopped for unit in units if unit.stopped is not None]
     reasons += [str(unit.failure) for unit in stopped]
     details: dict[str, Any] = {
-        "steps": samples.n_steps,
+        "steps": steps.n_steps,
         "capped": grid.capped,
         "ci_steps": grid.ci_steps,
         "chunk_steps": grid.chunk_steps,
@@ -137,7 +132,7 @@ def _chain_checks(
         ),
         stop_reason=reasons[0] if reasons else None,
     )
-    results = run_chain_checks(samples, context, verification)
+    results = run_chain_checks(steps, context, verification)
     return [result for result in results if plan.config.selects(result.check_id)]
 
 

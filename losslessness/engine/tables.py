@@ -18,8 +18,12 @@ acceptance read each step's output and drafts, whatever their order; the indepen
 reads the kind-1 pairs. Merging sums the tables (``np.unique(axis=0)`` of the union, counts
 added), so the merged table of N shards equals the table of one run of the same chunk grid,
 count for count, whatever N and the merge order. A table kept in memory by one process may hold
-its records in sampling order with counts of 1 (:func:`chunk_table`); expanding it then gives
-back the samples in the order they were drawn.
+its records in sampling order with counts of 1 (:func:`chunk_table`).
+
+The checks read a table as it is, counts included (:func:`counted_steps`): each record's steps
+become distinct steps weighted by its count, never repeated. Where a check names a step, it
+names the step's place in the table's *expanded order*: records in table order, each repeated
+count times, a pair's two steps adjacent (for a chunk's table, the order the steps were drawn).
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from losslessness.cases import ChainCase
-from losslessness.samples import ChainSamples
+from losslessness.samples import ChainCounts, ChainSamples
 
 PAIR_SAME_CALL = 1
 PAIR_TWO_CALLS = 0
@@ -161,49 +165,57 @@ def chunk_table(samples: ChainSamples) -> CountTable:
     return CountTable(np.ascontiguousarray(paired, dtype=np.int64), np.ones(len(paired), np.int64))
 
 
-def expand_table(
-    table: CountTable, case: ChainCase, seed: int, steps_per_call: int
-) -> ChainSamples:
-    """The samples a count table stands for: every record repeated ``count`` times, in table
-    order, the steps of a pair adjacent.
+def counted_steps(table: CountTable, case: ChainCase, steps_per_call: int) -> ChainCounts:
+    """The steps a count table stands for, as the chain checks read them: every record's one or
+    two steps weighted by its count, in table order, and every same-call pair (kind 1) weighted
+    likewise; nothing is repeated.
 
     Args:
         table: count table of ``case``.
         case: the chain case (R row types, draft length k).
-        seed: the seed reported with the samples.
         steps_per_call: copies of each row type per verifier call, by design.
 
     Returns:
-        :class:`ChainSamples` with ``pairs`` the kind-1 pairs (timings left at 0).
+        :class:`~losslessness.samples.ChainCounts` of ``M = sum of record widths`` steps (a
+        pair's record gives its steps a, b, a single step's record gives a), each step's
+        ``first_step`` its first place in the expanded order (see the module docstring):
+        ``sum over earlier records of width x count``, plus 1 for step b.
 
     Raises:
-        ValueError: the record width is not ``1 + 2 * R * (2k+1)``, or an unknown kind.
+        ValueError: the record width is not ``1 + 2 * R * (2k+1)``, an unknown kind, or a
+            count below 1.
     """
     rows, k = case.n_rows, case.k
     step_width = rows * (2 * k + 1)
-    if table.records.shape[1] != 1 + 2 * step_width:
+    records, counts = table.records, table.counts
+    if records.ndim != 2 or records.shape[1] != 1 + 2 * step_width:
         raise ValueError(
-            f"table: records have width {table.records.shape[1]}, expected "
-            f"1 + 2 * R * (2k+1) = {1 + 2 * step_width}"
+            f"table: records have shape {records.shape}, expected [M, 1 + 2 * R * (2k+1) = "
+            f"{1 + 2 * step_width}]"
         )
-    repeated = np.repeat(table.records, table.counts, axis=0)
-    kinds = repeated[:, 0]
+    if counts.shape != (records.shape[0],):
+        raise ValueError(f"table: counts have shape {counts.shape}, expected ({records.shape[0]},)")
+    if np.any(counts < 1):
+        below = sorted(set(counts[counts < 1].tolist()))
+        raise ValueError(f"table: counts must be >= 1, got {below}")
+    kinds = records[:, 0]
     if np.any((kinds != PAIR_SAME_CALL) & (kinds != PAIR_TWO_CALLS) & (kinds != SINGLE_STEP)):
         raise ValueError(f"table: unknown record kinds {sorted(set(kinds.tolist()))}")
     width = np.where(kinds == SINGLE_STEP, 1, 2)
-    first = np.concatenate([[0], np.cumsum(width)[:-1]])
-    n = int(width.sum())
-    steps = np.empty((n, step_width), dtype=np.int64)
-    steps[first] = repeated[:, 1 : 1 + step_width]
-    two = width == 2
-    steps[first[two] + 1] = repeated[two, 1 + step_width :]
-    same = first[kinds == PAIR_SAME_CALL]
-    per_row = steps.reshape(n, rows, 2 * k + 1).transpose(1, 0, 2)
-    return ChainSamples(
+    # [M_records, 2]: does the record hold step a, step b; row-major order keeps table order.
+    holds = np.stack([np.ones_like(width, dtype=bool), width == 2], axis=1)
+    steps = records[:, 1:].reshape(-1, 2, step_width)[holds]
+    expanded_start = np.cumsum(width * counts) - width * counts
+    view_start = np.cumsum(width) - width
+    same = kinds == PAIR_SAME_CALL
+    per_row = steps.reshape(-1, rows, 2 * k + 1).transpose(1, 0, 2)
+    return ChainCounts(
         case=case,
         outputs=np.ascontiguousarray(per_row[..., : k + 1]),
         drafts=np.ascontiguousarray(per_row[..., k + 1 :]),
-        pairs=np.stack([same, same + 1], axis=1),
-        seed=seed,
+        weights=np.repeat(counts, width),
+        first_step=(expanded_start[:, None] + np.arange(2))[holds],
+        pairs=np.stack([view_start[same], view_start[same] + 1], axis=1),
+        pair_weights=counts[same],
         steps_per_call=steps_per_call,
     )
