@@ -32,7 +32,7 @@ from tests.wrong_verifiers import residual_is_target
 # p-values of ``losslessness audit reference --case C --steps 7001 --no-early-stop`` (seed 0),
 # pinned when the call schedule became the sequential ramp (issue 13; before, they were pinned
 # from the audit before the run engine, commit b1db442, with the same seeds): the engine must
-# reproduce them to 12 significant digits (the samples exactly; the last bits of a p-value follow
+# reproduce them to 9 significant digits (the samples exactly; the last digits of a p-value follow
 # scipy's and numpy's versions). (check id, position, row) -> p-value.
 PINNED = {
     ("v2-tilted", 8427797254466989094): {
@@ -53,7 +53,7 @@ PINNED = {
 
 @pytest.mark.parametrize(("case_id", "seed"), list(PINNED))
 def test_engine_reproduces_the_pre_engine_audit_p_values_and_seeds(case_id: str, seed: int) -> None:
-    """Same case, run seed and steps: the same case seed and the same p-values as pinned, to 12
+    """Same case, run seed and steps: the same case seed and the same p-values as pinned, to 9
     significant digits (odd steps: the last step is a single record). The samples depend on the seed
     and the call schedule (the ramp of :func:`losslessness.engine.draw.call_schedule`) only, never
     on the design: every replay line ever printed relies on it."""
@@ -67,7 +67,7 @@ def test_engine_reproduces_the_pre_engine_audit_p_values_and_seeds(case_id: str,
         if check.kind is CheckKind.STATISTICAL
     }
     for key, p_value in PINNED[(case_id, seed)].items():
-        assert found[key].p_value == pytest.approx(p_value, rel=1e-12, abs=0.0), key
+        assert found[key].p_value == pytest.approx(p_value, rel=1e-9, abs=0.0), key
         assert found[key].seed == seed
 
 
