@@ -8,9 +8,11 @@ from __future__ import annotations
 import dataclasses
 import re
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from losslessness.adapters import NotApplicable
+from losslessness.cases import GreedyCase, GreedyTreeCase
 from losslessness.checks import malformed_output_result, run_tree_checks
 from losslessness.checks.greedy import check_greedy
 from losslessness.checks.ids import (
@@ -43,31 +45,54 @@ from losslessness.engine.state import (
     record_target_error,
     untested_results,
 )
-from losslessness.results import Verdict
+from losslessness.results import CheckContext, CheckResult, Verdict
+
+_Outputs = TypeVar("_Outputs")
 
 
-def _run_greedy_unit(state: ShardState, unit: Unit, record: UnitRecord) -> None:
-    plan = state.plan
-    adapter = plan.adapter(unit.target)
-    assert adapter.greedy is not None
-    case = next(case for case in plan.greedy_cases if case.case_id == unit.case_id)
-    context = check_context(plan.record, unit.target, case.case_id, case.summary, case.case_hash, 0)
+def _run_exact_unit(
+    state: ShardState,
+    unit: Unit,
+    record: UnitRecord,
+    case: GreedyCase | GreedyTreeCase,
+    check_id: str,
+    draw: Callable[[], _Outputs],
+    check: Callable[[_Outputs, CheckContext], CheckResult],
+) -> None:
+    """One deterministic call of a greedy (chain or tree) verifier on ``case`` (``draw``) and
+    its exact check: a malformed output is LOSSY under ``check_id``, a target failure ERROR
+    (or SKIPPED when not applicable); only ``draw`` is timed and blamed on the target."""
+    context = check_context(
+        state.plan.record, unit.target, case.case_id, case.summary, case.case_hash, 0
+    )
     began = time.perf_counter()
     try:
-        outputs = sample_greedy(adapter.greedy, case, plan.config.timeout_s)
+        outputs = draw()
     except ProtocolViolation as violation:
-        record.checks = [malformed_output_result(context, violation, GREEDY_CHECK_ID)]
+        record.checks = [malformed_output_result(context, violation, check_id)]
         return
     except Exception as error:
         record_target_error(state, record, error)
-        record.checks = untested_results(context, record, [GREEDY_CHECK_ID])
+        record.checks = untested_results(context, record, [check_id])
         return
     finally:
         record.verifier_time_s = time.perf_counter() - began
         state.tracker.advance(case.batch_size)
     record.verify_steps = case.batch_size
     record.verifier_calls = 1
-    record.checks = [check_greedy(outputs, case, context)]
+    record.checks = [check(outputs, context)]
+
+
+def _run_greedy_unit(state: ShardState, unit: Unit, record: UnitRecord) -> None:
+    plan = state.plan
+    verifier = plan.adapter(unit.target).greedy
+    assert verifier is not None
+    case = next(case for case in plan.greedy_cases if case.case_id == unit.case_id)
+    _run_exact_unit(
+        state, unit, record, case, GREEDY_CHECK_ID,
+        lambda: sample_greedy(verifier, case, plan.config.timeout_s),
+        lambda outputs, context: check_greedy(outputs, case, context),
+    )
 
 
 def _run_tree_unit(state: ShardState, unit: Unit, record: UnitRecord) -> None:
@@ -141,26 +166,14 @@ def _run_tree_unit(state: ShardState, unit: Unit, record: UnitRecord) -> None:
 
 def _run_greedy_tree_unit(state: ShardState, unit: Unit, record: UnitRecord) -> None:
     plan = state.plan
-    adapter = plan.adapter(unit.target)
-    assert adapter.greedy_tree is not None
+    verifier = plan.adapter(unit.target).greedy_tree
+    assert verifier is not None
     case = next(case for case in plan.greedy_tree_cases if case.case_id == unit.case_id)
-    context = check_context(plan.record, unit.target, case.case_id, case.summary, case.case_hash, 0)
-    began = time.perf_counter()
-    try:
-        tokens, nodes = sample_greedy_tree(adapter.greedy_tree, case, plan.config.timeout_s)
-    except ProtocolViolation as violation:
-        record.checks = [malformed_output_result(context, violation, TREE_GREEDY_CHECK_ID)]
-        return
-    except Exception as error:
-        record_target_error(state, record, error)
-        record.checks = untested_results(context, record, [TREE_GREEDY_CHECK_ID])
-        return
-    finally:
-        record.verifier_time_s = time.perf_counter() - began
-        state.tracker.advance(case.batch_size)
-    record.verify_steps = case.batch_size
-    record.verifier_calls = 1
-    record.checks = [check_tree_greedy(tokens, nodes, case, context)]
+    _run_exact_unit(
+        state, unit, record, case, TREE_GREEDY_CHECK_ID,
+        lambda: sample_greedy_tree(verifier, case, plan.config.timeout_s),
+        lambda outputs, context: check_tree_greedy(*outputs, case, context),
+    )
 
 
 def _end_to_end_entry(plan: RunPlan, unit: Unit) -> EndToEndPlan:
