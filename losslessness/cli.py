@@ -34,3 +34,7 @@ for _command in (
     main.add_command(_command)
 
 __all__ = ["DEFAULT_TARGETS", "main"]
+
+if __name__ == "__main__":
+    # ``python -m losslessness.cli`` runs the command line as the ``losslessness`` script does.
+    main()

@@ -3,7 +3,8 @@ the CI plan's steps).
 
 Exit codes: 0 lossless (also when only the SUBOPTIMAL warning fires), 1 lossy, 2 usage error,
 3 a target crashed, hung or could not be loaded (recorded per check; the other checks still
-run).
+run), 130 interrupted by SIGINT (Ctrl-C), 143 terminated by SIGTERM: the finished results are
+written and printed first (:mod:`losslessness.commands.signals`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from rich.console import Console
 
 from losslessness.adapters import Adapter
 from losslessness.commands.options import build_config, check_output_file, design_options
+from losslessness.commands.signals import handles_signals
 from losslessness.engine import run_audit
 from losslessness.targets import UnavailableTarget, resolve_targets
 
@@ -84,6 +86,7 @@ def report_console() -> Console:
     help="Audit this function as a greedy tree verifier on the greedy tree cases; repeatable.",
 )
 @click.option("--no-progress", is_flag=True, help="Do not show a progress bar.")
+@handles_signals
 def audit_command(
     targets: tuple[str, ...],
     json_path: str | None,

@@ -39,6 +39,7 @@ from rich.console import Console
 
 from losslessness.commands.audit import report_console
 from losslessness.commands.options import build_config, design_options, prepare_output_folder
+from losslessness.commands.signals import handles_signals
 from losslessness.config import DEVICE_DEFAULTS, DEVICES, SUITE_PROFILES, RunConfig
 from losslessness.engine import (
     RunResult,
@@ -193,6 +194,7 @@ def _split(values: tuple[str, ...]) -> tuple[str, ...]:
 @click.option("--no-device-checks", is_flag=True, help="Skip the device checks.")
 @_HISTORY
 @click.option("--no-progress", is_flag=True, help="Do not show a progress bar.")
+@handles_signals
 def nightly_command(
     device: str,
     budget: float | None,
@@ -369,6 +371,7 @@ def _run_on_ray(
 )
 @_OUT
 @_HISTORY
+@handles_signals
 def merge_command(shard_files: tuple[Path, ...], out_dir: Path, history: tuple[Path, ...]) -> None:
     """Merge SHARD_FILES written by 'losslessness nightly --shard i/N' (the same plan, every
     unit exactly once), run the checks on the merged statistics and write the reports."""

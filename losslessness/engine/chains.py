@@ -247,6 +247,15 @@ def run_chain_units(
             )
         streams[unit.case_id].units.append(unit)
     target = units[0].target
+    for stream in streams.values():
+        violation = plan.warm_up.violations.get((target, stream.case.case_id))
+        if violation is not None and stream.units[0].chunk == 0:
+            # A time budget's warm-up call of the case was malformed: the case fails as it
+            # would had the call been one of its own.
+            record = UnitRecord.of(stream.units[0], FailureKind.PROTOCOL, violation)
+            if plan.config.early_stop:
+                state.decided.setdefault(target, f"{stream.case.case_id}: malformed output")
+            _fail_stream(stream, record)
     try:
         while True:
             active = [stream for stream in streams.values() if not stream.done]

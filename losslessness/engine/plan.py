@@ -53,6 +53,7 @@ from losslessness.batteries import (
 from losslessness.cases import ChainCase, GreedyCase, GreedyTreeCase, TreeCase
 from losslessness.checks import STATISTICAL_CHAIN_CHECK_IDS, count_statistical_assertions
 from losslessness.checks.assertions import case_laws, law_is_statistical
+from losslessness.engine.tables import CountTable
 from losslessness.checks.ids import (
     CHAIN_CHECK_IDS,
     DRAFTS_ACCEPTED_CHECK_ID,
@@ -369,6 +370,29 @@ class PlanRecord:
 
 
 @dataclass
+class WarmUp:
+    """What a time budget's warm-up (:mod:`losslessness.engine.time_budget`) drew, kept so
+    that the run checks it like its own samples (a verifier wrong only on its first calls
+    fails with a time budget as without one).
+
+    Attributes:
+        tables: by (target, chain case id), the count tables of the warm-up's calls (their own
+            seeds; sizes fixed in advance): joined to the case's table, checked with it.
+        violations: by (target, chain case id), a malformed output of a warm-up call (the case
+            fails as any malformed output does).
+        exact: by (target, unit kind, case id), a greedy or greedy tree unit's one
+            deterministic call: its ``[B, k+1]`` int64 outputs (greedy; a tree's tokens and
+            accepted nodes for greedy trees), or the
+            :class:`~losslessness.engine.draw.ProtocolViolation` it raised. The unit checks this
+            call instead of making it again.
+    """
+
+    tables: dict[tuple[str, str], list[CountTable]] = field(default_factory=dict)
+    violations: dict[tuple[str, str], str] = field(default_factory=dict)
+    exact: dict[tuple[str, UnitKind, str], Any] = field(default_factory=dict)
+
+
+@dataclass
 class RunPlan:
     """A plan with what only the planning process holds: the loaded adapters, the battery's
     cases and the end-to-end plans (exact laws).
@@ -379,6 +403,7 @@ class RunPlan:
         chain_cases, greedy_cases: the battery cases the run samples.
         end_to_end: each target's end-to-end plans, by target name.
         tree_cases, greedy_tree_cases: the tree battery's cases the run samples.
+        warm_up: a time budget's warm-up samples (empty without one).
     """
 
     record: PlanRecord
@@ -388,6 +413,7 @@ class RunPlan:
     end_to_end: dict[str, list[EndToEndPlan]] = field(default_factory=dict)
     tree_cases: list[TreeCase] = field(default_factory=list)
     greedy_tree_cases: list[GreedyTreeCase] = field(default_factory=list)
+    warm_up: WarmUp = field(default_factory=WarmUp)
 
     @property
     def config(self) -> RunConfig:
@@ -715,6 +741,7 @@ __all__ = [
     "ChainCasePlan",
     "PlanRecord",
     "RunPlan",
+    "WarmUp",
     "TreeCasePlan",
     "Unit",
     "UnitKind",

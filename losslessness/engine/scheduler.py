@@ -1,5 +1,6 @@
 """Running a shard: the units shard ``i/N`` owns, in grid order (a target's chain units
-interleaved), with a progress callback, a time budget's deadline and Ctrl-C handling.
+interleaved), with a progress callback, a time budget's deadline and interruptions (Ctrl-C,
+SIGTERM: :mod:`losslessness.engine.interrupts`).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from losslessness.engine.chains import run_chain_units
+from losslessness.engine.interrupts import clear, interruptible, note
 from losslessness.engine.plan import RunPlan, UnitKind
 from losslessness.engine.shards import FailureKind, ShardResult, ShardSpec, UnitRecord
 from losslessness.engine.state import (
@@ -37,9 +39,9 @@ def run_shard(
         work_dir: where the property suite runs (``work_dir/suite/...``); default the
             current directory.
         progress: optional callback (steps done, steps planned, label).
-        deadline: ``time.perf_counter()`` value at which chain sampling stops (the time
-            budget): every case keeps the steps it drew, and its checks report the minimum
-            detectable TV those reach.
+        deadline: ``time.perf_counter()`` value at which sampling stops (the time budget):
+            every chain and tree case keeps the steps it drew, and its checks report the
+            minimum detectable TV those reach; a unit not begun by then is not sampled.
 
     Returns:
         :class:`ShardResult` (save it with :func:`losslessness.engine.shards.save_shard`).
@@ -51,6 +53,12 @@ def run_shard(
     state = ShardState(
         plan, tracker, Path(work_dir) if work_dir is not None else Path.cwd(), spec, deadline
     )
+    for unit in mine:
+        warm_up = plan.warm_up.tables.get((unit.target, unit.case_id))
+        if unit.kind is UnitKind.CHAIN and unit.chunk == 0 and warm_up:
+            # The time budget's warm-up calls are checked with the case's own (first in its
+            # table): a verifier wrong only on its first calls is caught as without a budget.
+            state.chunks[(unit.target, unit.case_id)] = list(warm_up)
     records: dict[int, UnitRecord] = {}
     interrupted = False
     position = 0
@@ -66,9 +74,11 @@ def run_shard(
             ):
                 group.append(mine[position + len(group)])
             try:
-                run_chain_units(state, group, records)
-            except KeyboardInterrupt:
+                with interruptible():
+                    run_chain_units(state, group, records)
+            except KeyboardInterrupt as error:
                 interrupted = True
+                note(error)
             for member in group:
                 if member.index not in records:
                     records[member.index] = UnitRecord.of(
@@ -90,13 +100,17 @@ def run_shard(
         else:
             record = UnitRecord.of(unit)
             try:
-                run_unit(state, unit, record)
-            except KeyboardInterrupt:
+                with interruptible():
+                    run_unit(state, unit, record)
+            except KeyboardInterrupt as error:
                 # Ctrl-C: keep what finished, record this unit and the rest as not run.
                 interrupted = True
+                note(error)
                 record = UnitRecord.of(unit, FailureKind.INCOMPLETE, INTERRUPTED_MESSAGE)
         record.wall_time_s = time.perf_counter() - unit_began
         records[unit.index] = record
+    # The interruption is in the records now: a later run in this process starts clean.
+    clear()
     tracker.label = "done"
     tracker.advance(0)
     return ShardResult(

@@ -13,8 +13,17 @@ The cost model, per (target, case):
 - end-to-end: two sequences timed after one; the planned sequences at the requested TV (an
   upper bound at any larger TV).
 
-The warm-up draws from its own seeds (``derive_seed(seed, "warm-up", ...)``): its outputs are
-never part of any test. Device checks and the property suite are outside the budget.
+The budget bounds the whole run from the start of the warm-up: the warm-up stops starting calls
+at :data:`WARM_UP_FRACTION` of it (the cases it did not reach are dropped, and named), the fit
+fills what is left of :data:`FIT_FRACTION` of it, and every unit stops at
+:data:`DEADLINE_FRACTION` of it.
+
+The warm-up draws from its own seeds (``derive_seed(seed, "warm-up", ...)``), with sizes fixed
+in advance, and its outputs are checked like the run's own (``RunPlan.warm_up``): chain calls
+join their case's count table, a greedy or greedy tree call is its unit's call, a malformed
+output fails its case; so a verifier wrong only on its first calls (lazy initialisation, a
+compile path) fails with a time budget as without one. Device checks and the property suite
+are outside the budget.
 """
 
 from __future__ import annotations
@@ -25,34 +34,46 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from losslessness.adapters import Adapter
 from losslessness.cases import ChainCase, TreeCase
 from losslessness.config import RunConfig
 from losslessness.engine.draw import (
     ChainSampler,
+    ProtocolViolation,
+    TargetTimeout,
     call_schedule,
     generate_sequences,
     sample_greedy,
     sample_greedy_tree,
     sample_tree,
 )
+from losslessness.engine.interrupts import interruptible, note
 from losslessness.engine.plan import (
     ChainCasePlan,
     RunPlan,
     TreeCasePlan,
     UnitKind,
+    WarmUp,
     _chain_case_plan,
     _tree_case_plan,
     load_device_checks,
     plan_run,
 )
+from losslessness.engine.tables import chunk_table
 from losslessness.seeding import derive_seed
 from losslessness.targets import UnavailableTarget, resolve_targets
 
+_T = TypeVar("_T")
+
 WARM_UP_STEPS = (1, 8, 32)
-"""Copies per warm-up call of a chain case: the first call is discarded (first-call costs),
-the other two fit overhead and per-step time."""
+"""Copies per warm-up call of a chain case: the first call's time is discarded (first-call
+costs), the other two fit overhead and per-step time."""
+
+WARM_UP_FRACTION = 0.5
+"""Share of the budget after which the warm-up starts no call: a slow target's warm-up cannot
+spend the budget on measuring alone."""
 
 FIT_FRACTION = 0.8
 """Share of the budget the planned sampling may fill: the rest absorbs the checks' own time
@@ -101,8 +122,10 @@ class Throughput:
             greedy tree cases (their one call).
         per_sequence_s: seconds per sequence of end-to-end targets.
         warm_up_s: seconds the warm-up took.
-        failures: units whose warm-up raised (their cost is unknown: the run will report
-            their error), with the error.
+        failures: targets whose warm-up hung (by name) and (target, case)s whose warm-up
+            raised (by ``"target case"``): their cost is unknown, the run reports their error.
+        not_reached: (target, case id)s the warm-up had no time for.
+        interrupted: an interruption (Ctrl-C, SIGTERM) ended the warm-up.
     """
 
     chain: dict[tuple[str, str], CallCost] = field(default_factory=dict)
@@ -110,71 +133,142 @@ class Throughput:
     per_sequence_s: dict[tuple[str, str], float] = field(default_factory=dict)
     warm_up_s: float = 0.0
     failures: dict[str, str] = field(default_factory=dict)
+    not_reached: set[tuple[str, str]] = field(default_factory=set)
+    interrupted: bool = False
 
 
-def _timed(function: Callable[..., object], *args: object) -> float:
+def _timed(function: Callable[..., _T], *args: object) -> tuple[float, _T]:
     began = time.perf_counter()
-    function(*args)
-    return time.perf_counter() - began
+    value = function(*args)
+    return time.perf_counter() - began, value
 
 
-def measure_throughput(plan: RunPlan) -> Throughput:
-    """Warm up every (target, case) of ``plan`` and measure its cost.
+def measure_throughput(plan: RunPlan, deadline: float | None = None) -> Throughput:
+    """Warm up every (target, case) of ``plan``, measure its cost and keep what it drew in
+    ``plan.warm_up`` (:class:`~losslessness.engine.plan.WarmUp`: the run checks it like its
+    own samples).
 
     Args:
         plan: the plan at the requested design (its cases and targets).
+        deadline: ``time.perf_counter()`` value after which no warm-up call starts (the cases
+            not reached are listed in ``not_reached``).
 
     Returns:
-        :class:`Throughput`. A target that raises during warm-up is recorded in
-        ``failures`` and costs nothing in the fit (its units will report the error).
+        :class:`Throughput`. A target that hangs during warm-up is recorded in ``failures``
+        and costs nothing in the fit (its units will report the error); a case on which it
+        raised costs nothing either. An interruption (Ctrl-C, SIGTERM) ends the warm-up with
+        ``interrupted`` set and what finished kept.
     """
     began = time.perf_counter()
-    config = plan.config
     measured = Throughput()
-    for adapter in plan.adapters:
-        try:
-            _measure_adapter(plan, adapter, measured, config)
-        except Exception as error:  # the run reports it on the target's units
-            measured.failures[adapter.name] = f"{type(error).__name__}: {error}"
+    try:
+        with interruptible():
+            for adapter in plan.adapters:
+                try:
+                    _measure_adapter(plan, adapter, measured, deadline)
+                except Exception as error:  # a hang: the run reports it on the target's units
+                    measured.failures[adapter.name] = f"{type(error).__name__}: {error}"
+    except KeyboardInterrupt as error:
+        note(error)
+        measured.interrupted = True
     measured.warm_up_s = time.perf_counter() - began
     return measured
 
 
-def _measure_adapter(
-    plan: RunPlan, adapter: Adapter, measured: Throughput, config: RunConfig
-) -> None:
-    name = adapter.name
-    timeout = config.timeout_s
+def _warm_up_cases(plan: RunPlan, adapter: Adapter) -> list[tuple[UnitKind, str]]:
+    """The (unit kind, case id) pairs the warm-up measures for ``adapter``, in its order."""
+    cases: list[tuple[UnitKind, str]] = []
     if adapter.chain is not None:
-        for case in plan.chain_cases:
-            seconds = []
-            for copies in WARM_UP_STEPS:
-                sampler = ChainSampler(
-                    adapter.chain, case, copies,
-                    derive_seed(config.seed, "warm-up", name, case.case_hash, copies), timeout,
-                )
-                seconds.append(_timed(sampler.step))
-            (_, small, large), (_, few, many) = WARM_UP_STEPS, seconds
-            per_step = max((many - few) / (large - small), many / large / 4, 0.0)
-            measured.chain[(name, case.case_id)] = CallCost(max(few - per_step * small, 0.0),
-                                                           per_step)
+        cases += [(UnitKind.CHAIN, case.case_id) for case in plan.chain_cases]
     if adapter.greedy is not None:
-        for greedy_case in plan.greedy_cases:
-            measured.per_call_s[(name, UnitKind.GREEDY, greedy_case.case_id)] = _timed(
-                sample_greedy, adapter.greedy, greedy_case, timeout
-            )
+        cases += [(UnitKind.GREEDY, case.case_id) for case in plan.greedy_cases]
     if adapter.tree is not None:
-        for tree_case in plan.tree_cases:
-            seed = derive_seed(config.seed, "warm-up", name, tree_case.case_hash)
-            measured.per_call_s[(name, UnitKind.TREE, tree_case.case_id)] = _timed(
-                sample_tree, adapter.tree, tree_case, tree_case.batch_size, seed, timeout
-            )
+        cases += [(UnitKind.TREE, case.case_id) for case in plan.tree_cases]
     if adapter.greedy_tree is not None:
-        for greedy_tree_case in plan.greedy_tree_cases:
-            measured.per_call_s[(name, UnitKind.GREEDY_TREE, greedy_tree_case.case_id)] = _timed(
-                sample_greedy_tree, adapter.greedy_tree, greedy_tree_case, timeout
+        cases += [(UnitKind.GREEDY_TREE, case.case_id) for case in plan.greedy_tree_cases]
+    cases += [(UnitKind.END_TO_END, entry.target.name) for entry in plan.end_to_end.get(
+        adapter.name, [])]
+    return cases
+
+
+def _measure_adapter(
+    plan: RunPlan, adapter: Adapter, measured: Throughput, deadline: float | None
+) -> None:
+    """Warm up ``adapter`` case by case until ``deadline``.
+
+    Raises:
+        TargetTimeout: a call hung (every later call could hang too).
+    """
+    for kind, case_id in _warm_up_cases(plan, adapter):
+        if deadline is not None and time.perf_counter() >= deadline:
+            measured.not_reached.add((adapter.name, case_id))
+            continue
+        try:
+            _measure_case(plan, adapter, kind, case_id, measured)
+        except TargetTimeout:
+            raise
+        except ProtocolViolation as violation:
+            _keep_violation(plan, adapter.name, kind, case_id, violation)
+        except Exception as error:  # its unit calls the target again and reports what it does
+            measured.failures[f"{adapter.name} {case_id}"] = f"{type(error).__name__}: {error}"
+
+
+def _keep_violation(
+    plan: RunPlan, name: str, kind: UnitKind, case_id: str, violation: ProtocolViolation
+) -> None:
+    """A malformed warm-up output: the case fails as any malformed output does."""
+    if kind is UnitKind.CHAIN:
+        plan.warm_up.violations[(name, case_id)] = f"warm-up: {violation}"
+    elif kind in (UnitKind.GREEDY, UnitKind.GREEDY_TREE):
+        plan.warm_up.exact[(name, kind, case_id)] = violation
+
+
+def _measure_case(
+    plan: RunPlan, adapter: Adapter, kind: UnitKind, case_id: str, measured: Throughput
+) -> None:
+    """Time one (target, case)'s warm-up calls and keep what they drew."""
+    config, name, timeout = plan.config, adapter.name, plan.config.timeout_s
+    if kind is UnitKind.CHAIN:
+        assert adapter.chain is not None
+        case = next(case for case in plan.chain_cases if case.case_id == case_id)
+        seconds = []
+        for copies in WARM_UP_STEPS:
+            sampler = ChainSampler(
+                adapter.chain, case, copies,
+                derive_seed(config.seed, "warm-up", name, case.case_hash, copies), timeout,
             )
-    for entry in plan.end_to_end.get(name, []):
+            try:
+                seconds.append(_timed(sampler.step)[0])
+            finally:
+                if sampler.calls:
+                    plan.warm_up.tables.setdefault((name, case_id), []).append(
+                        chunk_table(sampler.samples())
+                    )
+        (_, small, large), (_, few, many) = WARM_UP_STEPS, seconds
+        per_step = max((many - few) / (large - small), many / large / 4, 0.0)
+        measured.chain[(name, case_id)] = CallCost(max(few - per_step * small, 0.0), per_step)
+    elif kind is UnitKind.GREEDY:
+        assert adapter.greedy is not None
+        greedy_case = next(case for case in plan.greedy_cases if case.case_id == case_id)
+        seconds, outputs = _timed(sample_greedy, adapter.greedy, greedy_case, timeout)
+        plan.warm_up.exact[(name, kind, case_id)] = outputs
+        measured.per_call_s[(name, kind, case_id)] = seconds
+    elif kind is UnitKind.TREE:
+        assert adapter.tree is not None
+        tree_case = next(case for case in plan.tree_cases if case.case_id == case_id)
+        seed = derive_seed(config.seed, "warm-up", name, tree_case.case_hash)
+        measured.per_call_s[(name, kind, case_id)] = _timed(
+            sample_tree, adapter.tree, tree_case, tree_case.batch_size, seed, timeout
+        )[0]
+    elif kind is UnitKind.GREEDY_TREE:
+        assert adapter.greedy_tree is not None
+        greedy_tree_case = next(c for c in plan.greedy_tree_cases if c.case_id == case_id)
+        seconds, outputs = _timed(sample_greedy_tree, adapter.greedy_tree, greedy_tree_case,
+                                  timeout)
+        plan.warm_up.exact[(name, kind, case_id)] = outputs
+        measured.per_call_s[(name, kind, case_id)] = seconds
+    else:
+        entry = next(e for e in plan.end_to_end[name] if e.target.name == case_id)
         target = entry.target
         seed = derive_seed(config.seed, "warm-up", name, target.name)
         generate_sequences(target.generator, target.prompt_ids, target.new_tokens, 1, seed,
@@ -194,9 +288,13 @@ class BudgetFit:
         config: the run's config at the fitted design TV (``cases`` narrowed when cases
             were dropped).
         estimate_s: estimated sampling seconds of the fitted plan, by target.
-        dropped: case ids left out because even the coarsest design did not fit.
+        dropped: case ids left out because even the coarsest design did not fit, or the
+            warm-up had no time for them.
         warm_up_s: seconds the warm-up took.
         claim: the sentence printed before sampling.
+        warm_up: what the warm-up drew (the run checks it).
+        interrupted: an interruption ended the warm-up (``config`` is then the requested
+            design, unfitted: nothing more is sampled).
     """
 
     config: RunConfig
@@ -204,6 +302,8 @@ class BudgetFit:
     dropped: tuple[str, ...]
     warm_up_s: float
     claim: str
+    warm_up: WarmUp = field(default_factory=WarmUp)
+    interrupted: bool = False
 
 
 @functools.lru_cache(maxsize=4096)
@@ -367,6 +467,7 @@ def fit_time_budget(
     config: RunConfig,
     targets: Sequence[Adapter | UnavailableTarget],
     device_note: str | None = None,
+    began: float | None = None,
 ) -> BudgetFit:
     """Warm up, then choose the design that fits :data:`FIT_FRACTION` of
     ``config.time_budget_s`` and lets the cases detect the smallest TVs.
@@ -386,10 +487,15 @@ def fit_time_budget(
     the claimed TV is the one the planned steps detect (a multiplier below 1 left in place
     would scale the steps down after the fit and leave the claim too fine).
 
+    The budget counts from ``began``: the warm-up (which starts no call after
+    :data:`WARM_UP_FRACTION` of the budget; the cases it reached on no target are dropped)
+    and the fit's own search are inside it.
+
     Args:
         config: the requested design, with ``time_budget_s`` set.
         targets: the run's targets.
         device_note: as :func:`losslessness.engine.plan.plan_run`'s.
+        began: ``time.perf_counter()`` value the budget counts from (default: now).
 
     Returns:
         :class:`BudgetFit`.
@@ -400,10 +506,18 @@ def fit_time_budget(
     budget = config.time_budget_s
     if budget is None:
         raise ValueError("time_budget_s: the config has no time budget to fit")
+    began = time.perf_counter() if began is None else began
     config = dataclasses.replace(config, step_multiplier=1.0)
     plan = plan_run(config, targets, device_note)
-    measured = measure_throughput(plan)
-    room = FIT_FRACTION * budget
+    measured = measure_throughput(plan, began + WARM_UP_FRACTION * budget)
+    if measured.interrupted:
+        claim = f"interrupted during the {measured.warm_up_s:.1f} s warm-up: nothing more sampled"
+        return BudgetFit(config, {}, (), measured.warm_up_s, claim, plan.warm_up, True)
+    pairs = {(adapter.name, c) for adapter in plan.adapters
+             for _, c in _warm_up_cases(plan, adapter)}
+    reached = {case_id for _, case_id in pairs - measured.not_reached}
+    unreached = sorted({case_id for _, case_id in measured.not_reached} - reached)
+    room = FIT_FRACTION * budget - (time.perf_counter() - began)
     tv_grid = [config.tv]
     while tv_grid[-1] < MAX_TV:
         tv_grid.append(float(f"{min(MAX_TV, tv_grid[-1] * TV_GROWTH):.3g}"))
@@ -424,7 +538,7 @@ def fit_time_budget(
     for per_target in floor.values():
         for case_id, value in per_target.items():
             by_case[case_id] = by_case.get(case_id, 0.0) + value
-    kept = set(by_case)
+    kept = set(by_case) - set(unreached)
     dropped: list[str] = []
     # Breadth first: a case is dropped only while the kept ones cannot fit even at the
     # coarsest design, the one that costs most there first.
@@ -446,7 +560,11 @@ def fit_time_budget(
         config,
         tv=tv,
         max_steps=steps_cap or config.max_steps,
-        cases=tuple(sorted(_kept_cases(plan, dropped))) if dropped else config.cases,
+        cases=(
+            tuple(sorted(_kept_cases(plan, [*dropped, *unreached])))
+            if dropped or unreached
+            else config.cases
+        ),
     )
     estimate = {name: sum(by_case.values()) for name, by_case in seconds.items()}
     names = ", ".join(adapter.name for adapter in plan.adapters)
@@ -464,11 +582,14 @@ def fit_time_budget(
         )
     if dropped:
         claim += f"; dropped as too slow for the budget: {', '.join(dropped)}"
+    if unreached:
+        claim += f"; dropped, the warm-up had no time for them: {', '.join(unreached)}"
     if measured.failures:
         claim += "; warm-up failed on " + ", ".join(
             f"{name} ({why})" for name, why in measured.failures.items()
         )
-    return BudgetFit(fitted, estimate, tuple(dropped), measured.warm_up_s, claim)
+    return BudgetFit(fitted, estimate, tuple([*dropped, *unreached]), measured.warm_up_s, claim,
+                     plan.warm_up)
 
 
 def _capped_note(
@@ -533,20 +654,25 @@ def plan_within_budget(
     (:func:`losslessness.engine.time_budget.fit_time_budget`, its claim passed to ``announce``
     before any sampling).
 
+    The budget counts from here: the warm-up, the fit and the sampling are inside it. The
+    warm-up's samples travel in the plan (``RunPlan.warm_up``), checked with the run's. An
+    interrupted warm-up gives the requested design's plan; the interruption stays recorded
+    (:mod:`losslessness.engine.interrupts`), so the shard samples nothing more and records
+    every unit INCOMPLETE.
+
     Returns:
-        (the plan; the ``time.perf_counter()`` deadline of chain sampling, or None; the
+        (the plan; the ``time.perf_counter()`` deadline of every unit's sampling, or None; the
         budget's claim, or None).
     """
     if config.time_budget_s is None:
         return plan_run(config, targets, device_note), None, None
     began = time.perf_counter()
-    fit = fit_time_budget(config, targets, device_note)
+    fit = fit_time_budget(config, targets, device_note, began)
     if announce is not None:
         announce(fit.claim)
     plan = plan_run(fit.config, targets, device_note)
-    # The budget counts from the end of the warm-up: the fit's own search is inside it.
-    deadline = began + fit.warm_up_s + DEADLINE_FRACTION * config.time_budget_s
-    return plan, deadline, fit.claim
+    plan.warm_up = fit.warm_up
+    return plan, began + DEADLINE_FRACTION * config.time_budget_s, fit.claim
 
 
 __all__ = [
@@ -556,6 +682,7 @@ __all__ = [
     "MAX_TV",
     "MIN_CAP",
     "TV_GROWTH",
+    "WARM_UP_FRACTION",
     "WARM_UP_STEPS",
     "BudgetFit",
     "CallCost",

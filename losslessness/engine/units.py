@@ -1,6 +1,8 @@
 """One runner per unit kind that is not a chain chunk (greedy, tree, greedy tree, end-to-end,
 device checks, property suite): each calls its target once for the unit and records the
-unit's check results.
+unit's check results. The sampled kinds obey a time budget's deadline: a unit not begun by then
+is not sampled, a tree unit stops at it (device checks and the property suite are outside the
+budget).
 """
 
 from __future__ import annotations
@@ -46,8 +48,23 @@ from losslessness.engine.state import (
     untested_results,
 )
 from losslessness.results import CheckContext, CheckResult, Verdict
+from losslessness.samples import TreeSamples
 
 _Outputs = TypeVar("_Outputs")
+
+
+def _past_deadline(state: ShardState) -> bool:
+    """Whether the time budget's deadline has passed (never without a budget)."""
+    return state.deadline is not None and time.perf_counter() >= state.deadline
+
+
+def _not_sampled(
+    record: UnitRecord, context: CheckContext, check_ids: list[str], reason: str
+) -> None:
+    """Record ``record``'s unit as not sampled for ``reason`` (:attr:`FailureKind.STOPPED`),
+    its checks SKIPPED."""
+    record.failure_kind, record.failure = FailureKind.STOPPED, f"not sampled: {reason}"
+    record.checks = [context.untested(c, Verdict.SKIPPED, record.failure) for c in check_ids]
 
 
 def _run_exact_unit(
@@ -65,9 +82,16 @@ def _run_exact_unit(
     context = check_context(
         state.plan.record, unit.target, case.case_id, case.summary, case.case_hash, 0
     )
+    # A time budget's warm-up made this unit's one call already: that call is the checked one.
+    kept = state.plan.warm_up.exact.get((unit.target, unit.kind, unit.case_id))
+    if kept is None and _past_deadline(state):
+        _not_sampled(record, context, [check_id], "time budget spent")
+        return
     began = time.perf_counter()
     try:
-        outputs = draw()
+        if isinstance(kept, ProtocolViolation):
+            raise kept
+        outputs = draw() if kept is None else kept
     except ProtocolViolation as violation:
         record.checks = [malformed_output_result(context, violation, check_id)]
         return
@@ -107,15 +131,27 @@ def _run_tree_unit(state: ShardState, unit: Unit, record: UnitRecord) -> None:
     context = dataclasses.replace(context, alpha=plan.record.alpha_split.fixed)
     selected = [c for c in TREE_CHECK_IDS if plan.config.selects(c)]
     if unit.target in state.decided:
-        record.failure_kind = FailureKind.STOPPED
-        record.failure = f"not sampled: target already LOSSY ({state.decided[unit.target]})"
-        record.checks = [context.untested(c, Verdict.SKIPPED, record.failure) for c in selected]
+        _not_sampled(record, context, selected,
+                     f"target already LOSSY ({state.decided[unit.target]})")
+        return
+    if _past_deadline(state):
+        _not_sampled(record, context, selected, "time budget spent")
         return
     monitor = (
         TreeMonitor(case, unit.steps, plan.record.alpha_split.sequential, context)
         if plan.config.early_stop
         else None
     )
+    out_of_time = False
+
+    def watch(call: TreeSamples) -> bool:
+        """The monitor's decision after a call, or the deadline's."""
+        nonlocal out_of_time
+        if monitor is not None and monitor.update(call):
+            return True
+        out_of_time = _past_deadline(state)
+        return out_of_time
+
     began = time.perf_counter()
     try:
         samples = sample_tree(
@@ -125,7 +161,7 @@ def _run_tree_unit(state: ShardState, unit: Unit, record: UnitRecord) -> None:
             grid.seed,
             plan.config.timeout_s,
             progress=state.tracker.advance,
-            monitor=monitor.update if monitor is not None else None,
+            monitor=watch if monitor is not None or state.deadline is not None else None,
         )
     except ProtocolViolation as violation:
         record.checks = [malformed_output_result(context, violation, TREE_STRUCTURE_CHECK_ID)]
@@ -153,6 +189,9 @@ def _run_tree_unit(state: ShardState, unit: Unit, record: UnitRecord) -> None:
             record.stopped = details["stopped"] = f"LOSSY: {reason}"
             state.decided.setdefault(unit.target, f"{unit.case_id}: {reason}")
         record.sequential = monitor.evidence()
+    if out_of_time and samples.n_steps < unit.steps:
+        reason = "time budget spent"
+        record.stopped = details["stopped"] = reason
     context = dataclasses.replace(
         context,
         sampling_time_s=samples.wall_time_s,
@@ -190,6 +229,9 @@ def _run_end_to_end_unit(state: ShardState, unit: Unit, record: UnitRecord) -> N
         plan.record, unit.target, target.name, target.description, entry.case_hash, entry.seed
     )
     selected = [c for c in end_to_end_check_ids(target) if plan.config.selects(c)]
+    if _past_deadline(state):
+        _not_sampled(record, context, selected, "time budget spent")
+        return
     if isinstance(entry.error, NotApplicable):
         record.failure_kind, record.failure = FailureKind.NOT_APPLICABLE, entry.error.skip_message
     elif entry.error is not None:

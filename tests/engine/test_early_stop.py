@@ -159,13 +159,14 @@ def _raising_verify(target: torch.Tensor, draft: torch.Tensor, ids: torch.Tensor
 
 
 def test_target_failing_in_the_warm_up_is_named_and_still_audited_as_error() -> None:
-    """A target that raises during the warm-up costs nothing in the fit, the claim names it,
-    and the run records its checks as ERROR (exit 3), the other target still audited."""
+    """A target that raises during the warm-up costs nothing in the fit, the claim names it
+    and the case, and the run records its checks as ERROR (exit 3), the other target still
+    audited."""
     broken = Adapter("broken", "raises", chain=_raising_verify)
     claims: list[str] = []
     result = run_audit([broken, resolve_adapter("reference")],
                        RunConfig(cases=CASES[:1], time_budget_s=20.0), announce=claims.append)
-    assert "warm-up failed on broken (RuntimeError: kernel not built)" in claims[0]
+    assert "warm-up failed on broken v2-tilted (RuntimeError: kernel not built)" in claims[0]
     verdicts = {t.name: t.verdict for t in result.targets}
     assert verdicts["broken"] is TargetVerdict.ERROR
     assert verdicts["reference"] is TargetVerdict.LOSSLESS
