@@ -79,4 +79,4 @@ def interruptible() -> Iterator[None]:
         _depth -= 1
 
 
-__all__ = ["clear", "interrupt", "interruptible", "interrupted", "note"]
+__all__ = ["clear", "interrupt", "interrupted", "interruptible", "note"]

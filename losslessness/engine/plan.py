@@ -53,7 +53,6 @@ from losslessness.batteries import (
 from losslessness.cases import ChainCase, GreedyCase, GreedyTreeCase, TreeCase
 from losslessness.checks import STATISTICAL_CHAIN_CHECK_IDS, count_statistical_assertions
 from losslessness.checks.assertions import case_laws, law_is_statistical
-from losslessness.engine.tables import CountTable
 from losslessness.checks.ids import (
     CHAIN_CHECK_IDS,
     DRAFTS_ACCEPTED_CHECK_ID,
@@ -70,6 +69,7 @@ from losslessness.checks.tree_assertions import tree_assertions, tree_steps
 from losslessness.config import RunConfig
 from losslessness.engine.draw import rows_per_call
 from losslessness.engine.end_to_end import EndToEndPlan, plan_end_to_end
+from losslessness.engine.tables import CountTable
 from losslessness.reference.block import declared_verification
 from losslessness.seeding import derive_seed
 from losslessness.stats import ErrorBudget, plan_identity_test
@@ -741,10 +741,10 @@ __all__ = [
     "ChainCasePlan",
     "PlanRecord",
     "RunPlan",
-    "WarmUp",
     "TreeCasePlan",
     "Unit",
     "UnitKind",
+    "WarmUp",
     "end_to_end_check_ids",
     "load_device_checks",
     "make_plan",
