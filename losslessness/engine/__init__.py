@@ -19,6 +19,7 @@ property suite's plugin. Modules:
 - :mod:`~losslessness.engine.finish`: finishing a run (:func:`finish_run`), verdicts, summary;
 - :mod:`~losslessness.engine.replay`: the command that replays one assertion;
 - :mod:`~losslessness.engine.time_budget`: fitting a plan into a time budget;
+- :mod:`~losslessness.engine.interrupts`: where an interruption may stop the engine;
 - :mod:`~losslessness.engine.audit`: :func:`run_audit`, one shard then the finish.
 """
 

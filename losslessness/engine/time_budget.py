@@ -231,27 +231,27 @@ def _measure_case(
     if kind is UnitKind.CHAIN:
         assert adapter.chain is not None
         case = next(case for case in plan.chain_cases if case.case_id == case_id)
-        seconds = []
+        call_seconds: list[float] = []
         for copies in WARM_UP_STEPS:
             sampler = ChainSampler(
                 adapter.chain, case, copies,
                 derive_seed(config.seed, "warm-up", name, case.case_hash, copies), timeout,
             )
             try:
-                seconds.append(_timed(sampler.step)[0])
+                call_seconds.append(_timed(sampler.step)[0])
             finally:
                 if sampler.calls:
                     plan.warm_up.tables.setdefault((name, case_id), []).append(
                         chunk_table(sampler.samples())
                     )
-        (_, small, large), (_, few, many) = WARM_UP_STEPS, seconds
+        (_, small, large), (_, few, many) = WARM_UP_STEPS, call_seconds
         per_step = max((many - few) / (large - small), many / large / 4, 0.0)
         measured.chain[(name, case_id)] = CallCost(max(few - per_step * small, 0.0), per_step)
     elif kind is UnitKind.GREEDY:
         assert adapter.greedy is not None
         greedy_case = next(case for case in plan.greedy_cases if case.case_id == case_id)
-        seconds, outputs = _timed(sample_greedy, adapter.greedy, greedy_case, timeout)
-        plan.warm_up.exact[(name, kind, case_id)] = outputs
+        seconds, greedy_outputs = _timed(sample_greedy, adapter.greedy, greedy_case, timeout)
+        plan.warm_up.exact[(name, kind, case_id)] = greedy_outputs
         measured.per_call_s[(name, kind, case_id)] = seconds
     elif kind is UnitKind.TREE:
         assert adapter.tree is not None
@@ -263,10 +263,11 @@ def _measure_case(
     elif kind is UnitKind.GREEDY_TREE:
         assert adapter.greedy_tree is not None
         greedy_tree_case = next(c for c in plan.greedy_tree_cases if c.case_id == case_id)
-        seconds, outputs = _timed(sample_greedy_tree, adapter.greedy_tree, greedy_tree_case,
-                                  timeout)
-        plan.warm_up.exact[(name, kind, case_id)] = outputs
-        measured.per_call_s[(name, kind, case_id)] = seconds
+        tree_seconds, tree_outputs = _timed(
+            sample_greedy_tree, adapter.greedy_tree, greedy_tree_case, timeout
+        )
+        plan.warm_up.exact[(name, kind, case_id)] = tree_outputs
+        measured.per_call_s[(name, kind, case_id)] = tree_seconds
     else:
         entry = next(e for e in plan.end_to_end[name] if e.target.name == case_id)
         target = entry.target
