@@ -94,7 +94,8 @@ def handles_signals(command: Callable[_P, _R]) -> Callable[_P, _R]:
 
     Raises:
         SystemExit: the command's exit, with its code mapped; or ``128 + signal`` when a
-            signal came and the command returned.
+            signal came and the command returned (or the interruption left it before anything
+            had finished).
     """
 
     @functools.wraps(command)
@@ -105,6 +106,11 @@ def handles_signals(command: Callable[_P, _R]) -> Callable[_P, _R]:
         previous = {signum: signal.signal(signum, guard.handle) for signum in HANDLED_SIGNALS}
         try:
             result = command(*args, **kwargs)
+        except KeyboardInterrupt:
+            if guard.received is None:
+                raise
+            # Interrupted where nothing had finished yet: the signal's code, never click's 1.
+            raise SystemExit(guard.exit_code(0)) from None
         except SystemExit as exit_:
             if guard.received is None:
                 raise
