@@ -79,7 +79,7 @@ def _expected(kind: Any) -> str:
         return "null"
     if isinstance(kind, type) and issubclass(kind, enum.Enum):
         return "one of " + ", ".join(repr(member.value) for member in kind)
-    if dataclasses.is_dataclass(kind):
+    if isinstance(kind, type) and dataclasses.is_dataclass(kind):
         return f"an object ({kind.__name__})"
     origin = typing.get_origin(kind)
     if origin in (typing.Union, types.UnionType):

@@ -100,7 +100,7 @@ def record_target_error(state: ShardState, record: UnitRecord, error: BaseExcept
         return
     record.fail(FailureKind.ERROR, failure_message(error))
     if isinstance(error, TargetTimeout):
-        state.hung[record.target] = record.failure
+        state.hung[record.target] = str(record.failure)
 
 
 def untested_results(
