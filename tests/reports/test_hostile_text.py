@@ -44,25 +44,26 @@ from reports import (
     render_junit,
     render_markdown,
     write_json,
+    write_reports,
 )
 from tests.wrong_verifiers import residual_is_target
 
 PAYLOAD = (
     "![LOSSLESS](https://img.shields.io/badge/audit-LOSSLESS-green) [docs](https://evil.example)"
     " | cell | <script>alert(1)</script> &amp; `tick` *em* ~~del~~ [bold]rich[/bold] [/]"
-    " \x1b[31mred\x1b[0m \x00\x07\x7f\x9b \r\n\t \u202e $\\frac$ www.evil.example"
+    " \x1b[31mred\x1b[0m \x00\x07\x7f\x9b \r\n\t \u202e\udc80 $\\frac$ www.evil.example"
 )
 """What a hostile target (or record) puts in every text field."""
 
 SEEN = (
     "![LOSSLESS](https://img.shields.io/badge/audit-LOSSLESS-green) [docs](https://evil.example)"
     " | cell | <script>alert(1)</script> &amp; `tick` *em* ~~del~~ [bold]rich[/bold] [/]"
-    r" \x1b[31mred\x1b[0m \x00\x07\x7f\x9b \r\n\t \u202e $\frac$ www.evil.example"
+    r" \x1b[31mred\x1b[0m \x00\x07\x7f\x9b \r\n\t \u202e\udc80 $\frac$ www.evil.example"
 )
 """What a reader sees of :data:`PAYLOAD` in every format: the same characters, the control
 ones written as escapes."""
 
-RAW_CONTROLS = ("\x00", "\x07", "\x1b", "\x7f", "\x9b", "\u202e", "\r")
+RAW_CONTROLS = ("\x00", "\x07", "\x1b", "\x7f", "\x9b", "\u202e", "\udc80", "\r")
 """Characters of :data:`PAYLOAD` that must never reach an output file or a terminal raw."""
 
 _ENUM_FIELDS = frozenset({"schema_version", "verdict", "kind"})
@@ -101,6 +102,7 @@ def hostile(audit: AuditResult) -> AuditResult:
     record = _poison(audit_to_dict(audit))
     record["targets"][0]["error"] = f"{PAYLOAD} could not load"
     record["targets"][1]["stopped_early"] = f"{PAYLOAD} stopped"
+    record["config"]["cases"] = [PAYLOAD, *record["config"]["cases"]]
     return audit_from_dict(record)
 
 
@@ -199,12 +201,16 @@ def test_junit_keeps_hostile_text_as_xml_text(hostile: AuditResult) -> None:
     assert messages and all("<script>alert(1)</script>" in message for message in messages)
 
 
-def test_hostile_record_round_trips_through_json(hostile: AuditResult, tmp_path: Path) -> None:
+def test_hostile_record_round_trips_and_its_reports_are_written(
+    hostile: AuditResult, tmp_path: Path
+) -> None:
     """The poisoned record is a valid record: written and read back unchanged (the escaping is
-    the renderers', never the record's)."""
-    path = tmp_path / "hostile.json"
-    write_json(hostile, path)
-    assert audit_to_dict(read_json(path)) == audit_to_dict(hostile)
+    the renderers', never the record's), and its four reports are written as UTF-8 (an
+    unpaired surrogate in a name does not stop them)."""
+    paths = write_reports(hostile, tmp_path / "out")
+    assert audit_to_dict(read_json(paths["json"])) == audit_to_dict(hostile)
+    for name in ("html", "markdown", "junit"):
+        _assert_no_raw_controls(paths[name].read_text(encoding="utf-8"))
 
 
 def _edit(path: str, value: Any) -> Callable[[dict[str, Any]], None]:
