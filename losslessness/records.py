@@ -19,6 +19,9 @@ import typing
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
+_INT64 = range(-(2**63), 2**63)
+"""What an integer field holds: the record's integers are numpy int64 where they are used."""
+
 _VALUE_REPR = reprlib.Repr()
 _VALUE_REPR.maxstring = 60
 _VALUE_REPR.maxother = 60
@@ -72,7 +75,7 @@ def _expected(kind: Any) -> str:
     if kind is bool:
         return "true or false"
     if kind is int:
-        return "an integer"
+        return "a 64-bit integer"
     if kind is float:
         return "a number"
     if kind is type(None):
@@ -124,7 +127,8 @@ class _Validator:
         if kind is float:
             return isinstance(value, (int, float)) and not isinstance(value, bool)
         if kind is int:
-            return isinstance(value, int) and not isinstance(value, bool)
+            # Counts and seeds become numpy int64 where the reports plot them.
+            return isinstance(value, int) and not isinstance(value, bool) and value in _INT64
         if kind in (str, bool):
             return isinstance(value, kind)
         raise TypeError(f"validate_record: no JSON form known for the type {kind!r}")
@@ -196,8 +200,8 @@ def validate_record(
     JSON forms: a dataclass is an object with its fields (those with a default may be missing;
     unknown keys are rejected); an enum is one of its string values; ``list``, ``tuple`` and
     ``Sequence`` are arrays (a fixed-length tuple one of that length); ``dict`` and
-    ``Mapping`` are objects; ``float`` is any number, ``int`` an integer (``true``/``false``
-    are neither); ``X | None`` also takes ``null``; ``Any`` takes anything.
+    ``Mapping`` are objects; ``float`` is any number, ``int`` an integer in the int64 range
+    (``true``/``false`` are neither); ``X | None`` also takes ``null``; ``Any`` takes anything.
 
     Args:
         value: what :func:`json.loads` returned.
@@ -211,5 +215,7 @@ def validate_record(
     Raises:
         RecordError: naming the path of the first field that is missing, unknown or of the
             wrong type, what was expected and (shortened) what was found.
+        TypeError: ``kind`` has a field of a type with no JSON form here (a programming
+            error in the record types, never in the record).
     """
     _Validator(nullable_floats, opaque).check(value, kind, path)

@@ -49,16 +49,18 @@ def message_key(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8", "backslashreplace")).hexdigest()[:16]
 
 
-def shorten_message(text: str, *, kept: bool = False) -> str:
+def shorten_message(text: str) -> str:
     """``text`` when it has at most :data:`MESSAGE_LIMIT` characters; else its first
-    :data:`MESSAGE_HEAD` and last :data:`MESSAGE_TAIL` characters joined by
-    ``" ... (N more characters) ... "``; with ``kept``, the note also names where the full
-    text is (``full_messages["<message_key>"]`` of the target in the JSON record)."""
+    :data:`MESSAGE_HEAD` and last :data:`MESSAGE_TAIL` characters around a note saying how
+    many were left out and where the full text is kept (``full_messages['<message_key>']`` of
+    the target in the JSON record)."""
     if len(text) <= MESSAGE_LIMIT:
         return text
     left_out = len(text) - MESSAGE_HEAD - MESSAGE_TAIL
-    where = f"; full text: full_messages[{message_key(text)!r}] in the JSON record" if kept else ""
-    note = f" ... ({left_out} more characters{where}) ... "
+    note = (
+        f" ... ({left_out} more characters; full text: full_messages[{message_key(text)!r}] "
+        "in the JSON record) ... "
+    )
     return text[:MESSAGE_HEAD] + note + text[-MESSAGE_TAIL:]
 
 
@@ -461,7 +463,7 @@ def check_from_dict(data: dict[str, Any]) -> CheckResult:
 
     Raises:
         KeyError, TypeError: a field is missing or unknown. ValueError: an unknown kind or
-            verdict, or cells of different lengths.
+            verdict, or cells of different lengths (``cells.tokens, observed and p: ...``).
     """
     values = dict(data)
     values["kind"] = CheckKind(values["kind"])
@@ -469,7 +471,10 @@ def check_from_dict(data: dict[str, Any]) -> CheckResult:
     if values["min_detectable_tv"] is None:
         values["min_detectable_tv"] = math.inf
     if values.get("cells") is not None:
-        values["cells"] = LawCells.from_dict(values["cells"])
+        try:
+            values["cells"] = LawCells.from_dict(values["cells"])
+        except ValueError as error:
+            raise ValueError(f"cells.{error}") from error
     if values.get("acceptance") is not None:
         values["acceptance"] = AcceptanceCounts.from_dict(values["acceptance"])
     if values.get("sequential") is not None:

@@ -92,7 +92,7 @@ def audit_from_dict(data: Any) -> AuditResult:
             try:
                 checks.append(check_from_dict(check))
             except ValueError as error:
-                raise RecordError(f"targets[{index}].checks[{number}].cells.{error}") from error
+                raise RecordError(f"targets[{index}].checks[{number}].{error}") from error
         values["checks"] = checks
         targets.append(TargetResult(**values))
     values = dict(data)

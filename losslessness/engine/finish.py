@@ -267,7 +267,7 @@ def finish_run(shards: Sequence[ShardResult]) -> RunResult:
     # is missing on this machine are listed but decide nothing.
     for name, reason, named in plan.unavailable:
         missing = TargetVerdict.ERROR if named else TargetVerdict.UNAVAILABLE
-        error = shorten_message(reason, kept=True)
+        error = shorten_message(reason)
         kept = _full_texts([reason if error != reason else None])
         targets.append(TargetResult(name, "unavailable", missing, error=error, full_messages=kept))
     targets += _device_results(device_units, config)

@@ -206,7 +206,7 @@ class UnitRecord:
         (:func:`~losslessness.results.shorten_message`; what every check and report repeats),
         ``failure_text`` the full text when it was longer."""
         self.failure_kind = kind
-        self.failure = shorten_message(text, kept=True)
+        self.failure = shorten_message(text)
         self.failure_text = text if self.failure != text else None
 
 

@@ -221,10 +221,11 @@ def _edit(path: str, value: Any) -> Callable[[dict[str, Any]], None]:
         node: Any = record
         for part in parents:
             node = node[int(part)] if isinstance(node, list) else node[part]
+        where: Any = int(last) if isinstance(node, list) else last
         if value is ...:
-            del node[last]
+            del node[where]
         else:
-            node[last] = value
+            node[where] = value
 
     return edit
 
@@ -237,7 +238,7 @@ MALFORMED = [
     ("null for a string", _edit("targets.0.name", None),
      "targets[0].name: expected a string, got null"),
     ("true for an integer", _edit("n_assertions", True),
-     "n_assertions: expected an integer, got True"),
+     "n_assertions: expected a 64-bit integer, got True"),
     ("an unknown verdict", _edit("targets.0.verdict", "GREAT"),
      "targets[0].verdict: expected one of 'LOSSLESS'"),
     ("an array for an object", _edit("environment", [1]), "environment: expected an object"),
@@ -246,6 +247,8 @@ MALFORMED = [
     ("cells of different lengths", _edit("targets.0.checks.1.cells.p", []),
      "targets[0].checks[1].cells.tokens, observed and p"),
     ("a design out of range", _edit("config.tv", 5), "config.tv: must lie in (0, 1]"),
+    ("an integer beyond int64", _edit("targets.0.checks.1.cells.observed.0", 2**64),
+     "targets[0].checks[1].cells.observed[0]: expected a 64-bit integer, got 18446744073709551616"),
 ]  # fmt: skip
 
 
@@ -304,7 +307,7 @@ def test_a_refused_record_is_quoted_briefly_with_its_control_characters_escaped(
     with pytest.raises(RecordError) as caught:
         audit_from_dict(record)
     text = str(caught.value)
-    assert text.startswith("targets[0].verify_steps: expected an integer, got '\\x1b[31m")
+    assert text.startswith("targets[0].verify_steps: expected a 64-bit integer, got '\\x1b[31m")
     assert len(text) < 200
 
 
@@ -323,7 +326,7 @@ def test_merge_refuses_a_shard_with_a_malformed_unit_naming_the_field(tmp_path: 
     np.savez_compressed(path, **arrays)
     result = CliRunner().invoke(main, ["merge", str(path), "--out", str(tmp_path / "out")])
     assert result.exit_code == 2, result.output
-    assert f"units[{unit}].checks[0].n: expected an integer, got 'many'" in " ".join(
+    assert f"units[{unit}].checks[0].n: expected a 64-bit integer, got 'many'" in " ".join(
         result.output.split()
     )
 
