@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import hashlib
 import math
 import platform
 import sys
@@ -25,8 +26,42 @@ import losslessness
 from losslessness.cases import ChainCase, GreedyCase
 from losslessness.config import RunConfig
 
-SCHEMA_VERSION = "3"
+SCHEMA_VERSION = "4"
 """Version of the :class:`AuditResult` JSON layout (docs/report-schema.md)."""
+
+MESSAGE_LIMIT = 500
+"""Characters of a target-supplied message (an exception's text, a reason) kept where it is
+recorded and shown: a longer one keeps its first :data:`MESSAGE_HEAD` and last
+:data:`MESSAGE_TAIL` characters around a note of how many were left out
+(:func:`shorten_message`); its full text is kept once, in
+:attr:`TargetResult.full_messages`."""
+
+MESSAGE_HEAD = 400
+"""Leading characters :func:`shorten_message` keeps (the exception's type and first words)."""
+
+MESSAGE_TAIL = MESSAGE_LIMIT - MESSAGE_HEAD
+"""Trailing characters :func:`shorten_message` keeps (where the exception was raised)."""
+
+
+def message_key(text: str) -> str:
+    """The key of ``text`` in :attr:`TargetResult.full_messages`: the first 16 hex digits of
+    its SHA-256 (of its UTF-8 form; unpaired surrogates escaped)."""
+    return hashlib.sha256(text.encode("utf-8", "backslashreplace")).hexdigest()[:16]
+
+
+def shorten_message(text: str) -> str:
+    """``text`` when it has at most :data:`MESSAGE_LIMIT` characters; else its first
+    :data:`MESSAGE_HEAD` and last :data:`MESSAGE_TAIL` characters around a note saying how
+    many were left out and where the full text is kept (``full_messages['<message_key>']`` of
+    the target in the JSON record)."""
+    if len(text) <= MESSAGE_LIMIT:
+        return text
+    left_out = len(text) - MESSAGE_HEAD - MESSAGE_TAIL
+    note = (
+        f" ... ({left_out} more characters; full text: full_messages[{message_key(text)!r}] "
+        "in the JSON record) ... "
+    )
+    return text[:MESSAGE_HEAD] + note + text[-MESSAGE_TAIL:]
 
 
 class Verdict(str, enum.Enum):
@@ -73,8 +108,18 @@ class LawCells:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> LawCells:
-        """From :func:`dataclasses.asdict`'s form."""
-        return cls(**data)
+        """From :func:`dataclasses.asdict`'s form.
+
+        Raises:
+            ValueError: ``tokens``, ``observed`` and ``p`` differ in length.
+        """
+        cells = cls(**data)
+        if not len(cells.tokens) == len(cells.observed) == len(cells.p):
+            raise ValueError(
+                f"tokens, observed and p: expected one entry per kept cell, got "
+                f"{len(cells.tokens)}, {len(cells.observed)} and {len(cells.p)}"
+            )
+        return cells
 
 
 @dataclass(frozen=True)
@@ -405,12 +450,20 @@ def check_to_dict(check: CheckResult) -> dict[str, Any]:
     return data
 
 
+JSON_NULL_FLOATS = frozenset({"min_detectable_tv"})
+"""Float fields of a check whose JSON form may be ``null`` (an infinite value, read back as
+inf by :func:`check_from_dict`); :func:`losslessness.records.validate_record` takes them."""
+
+
 def check_from_dict(data: dict[str, Any]) -> CheckResult:
     """Inverse of :func:`check_to_dict` (also reads the check objects of a saved audit record).
+    Its caller validates ``data`` first (:func:`losslessness.records.validate_record` against
+    :class:`CheckResult`, with :data:`JSON_NULL_FLOATS`), so that a malformed record is
+    reported by the path of its wrong field.
 
     Raises:
         KeyError, TypeError: a field is missing or unknown. ValueError: an unknown kind or
-            verdict.
+            verdict, or cells of different lengths (``cells.tokens, observed and p: ...``).
     """
     values = dict(data)
     values["kind"] = CheckKind(values["kind"])
@@ -418,7 +471,10 @@ def check_from_dict(data: dict[str, Any]) -> CheckResult:
     if values["min_detectable_tv"] is None:
         values["min_detectable_tv"] = math.inf
     if values.get("cells") is not None:
-        values["cells"] = LawCells.from_dict(values["cells"])
+        try:
+            values["cells"] = LawCells.from_dict(values["cells"])
+        except ValueError as error:
+            raise ValueError(f"cells.{error}") from error
     if values.get("acceptance") is not None:
         values["acceptance"] = AcceptanceCounts.from_dict(values["acceptance"])
     if values.get("sequential") is not None:
@@ -480,6 +536,8 @@ class TargetResult:
             installs what is missing, for UNAVAILABLE).
         stopped_early: why its sampling stopped before the plan's steps (a sequential LOSSY
             verdict, with after how many steps; the time budget), else None.
+        full_messages: the full text of every message of the target that was shortened where
+            it was recorded (:func:`shorten_message`), once each, by :func:`message_key`.
     """
 
     name: str
@@ -492,6 +550,7 @@ class TargetResult:
     verifier_time_s: float = 0.0
     error: str | None = None
     stopped_early: str | None = None
+    full_messages: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass

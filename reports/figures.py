@@ -18,6 +18,8 @@ Per target:
 - **minimum detectable TV** per check against the design TV.
 
 Figures are built on :class:`matplotlib.figure.Figure` directly (no pyplot global state).
+Every target name, case id and summary in a title or label is :func:`reports.text.plot_text`
+(no mathtext, control characters visible).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from losslessness.checks.ids import (
     LAW_CHECK_ID,
 )
 from losslessness.results import AuditResult, CheckKind, CheckResult, TargetResult, Verdict
+from reports.text import plot_text
 
 VERDICT_COLORS = {
     Verdict.PASS: "#2e7d32",
@@ -197,7 +200,10 @@ def law_figure(checks: Sequence[CheckResult], fallback_alpha: float) -> Figure:
     axes[0].legend(fontsize=7, loc="upper right")
     row = f" row {first.row}" if first.n_rows > 1 else ""
     summary = textwrap.shorten(first.case_summary, width=int(width * 13), placeholder="...")
-    figure.suptitle(f"{first.target}: {first.case_id}{row}\n{summary}", fontsize=10)
+    figure.suptitle(
+        plot_text(f"{first.target}: {first.case_id}{row}") + "\n" + plot_text(summary),
+        fontsize=10,
+    )
     return Figure(
         title=f"law: {first.case_id}{row}",
         caption=(
@@ -253,12 +259,12 @@ def pvalue_qq_figure(target: TargetResult, per_assertion_alpha: float) -> Figure
             -np.log10(np.maximum(pvalues[chosen], floor)),
             s=14,
             marker=_MARKERS[index % len(_MARKERS)],
-            label=check_id,
+            label=plot_text(check_id),
             zorder=3,
         )
     ax.set_xlabel("-log10 expected p-value (uniform)")
     ax.set_ylabel("-log10 observed p-value")
-    ax.set_title(f"{target.name}: p-values of {m} statistical checks", fontsize=10)
+    ax.set_title(plot_text(target.name) + f": p-values of {m} statistical checks", fontsize=10)
     ax.legend(fontsize=8)
     return Figure(
         title="p-value QQ plot",
@@ -327,7 +333,9 @@ def acceptance_figure(target: TargetResult, fallback_alpha: float) -> Figure | N
             fontsize=8,
             color=VERDICT_COLORS[verdict],
         )
-    figure.suptitle(f"{target.name}: acceptance at {len(checks)} draft positions", fontsize=10)
+    figure.suptitle(
+        plot_text(target.name) + f": acceptance at {len(checks)} draft positions", fontsize=10
+    )
     return Figure(
         title="acceptance rate vs sum min(p, q)",
         caption=(
@@ -360,18 +368,18 @@ def min_detectable_tv_figure(target: TargetResult, design_tv: float) -> Figure |
             [cases.index(check.case_id) + 0.12 * (offset % 3 - 1) for check in chosen],
             s=16,
             marker=_MARKERS[offset % len(_MARKERS)],
-            label=check_id,
+            label=plot_text(check_id),
             zorder=3,
         )
     ax.axvline(design_tv, color="#424242", linestyle="--", linewidth=0.9, label="design TV")
     ax.set_yticks(range(len(cases)))
-    ax.set_yticklabels(cases, fontsize=8)
+    ax.set_yticklabels([plot_text(case, 60) for case in cases], fontsize=8)
     ax.invert_yaxis()
     ax.set_xscale("log")
     ax.set_xlabel("minimum detectable TV at the n used (log scale)")
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     ax.grid(axis="x", color="#eeeeee")
-    figure.suptitle(f"{target.name}: power of every check", fontsize=10)
+    figure.suptitle(plot_text(target.name) + ": power of every check", fontsize=10)
     return Figure(
         title="minimum detectable TV per check",
         caption=(

@@ -3,17 +3,22 @@ data URIs; CSS inline; no external resources).
 
 Sections: the run's design and budget, the verdict per target, the failing checks with their
 replay commands, trends over earlier runs (when given), then per target its figures
-(:mod:`reports.figures`) and the table of every check. Every text that comes from a target
-(names, descriptions, error messages) goes through jinja2's autoescape.
+(:mod:`reports.figures`) and the table of every check. Every string an expression of the
+template prints goes through :func:`reports.text.html_finalize` (control characters visible,
+length bounded) and then jinja2's autoescape (markupsafe): no text from a target or the record
+becomes markup. Only the figures' data URIs, made here, are passed as
+:class:`~markupsafe.Markup`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import jinja2
+from markupsafe import Markup
 
 from losslessness.results import AuditResult, CheckKind, CheckResult, Verdict
 from reports.figures import (
@@ -23,6 +28,7 @@ from reports.figures import (
     report_figures,
 )
 from reports.terminal import format_number
+from reports.text import html_finalize
 from reports.trends import CheckTrend, Trends
 
 HISTORY_COLUMNS = 10
@@ -39,6 +45,7 @@ _SHORT_VERDICTS = {
 _ENVIRONMENT = jinja2.Environment(
     loader=jinja2.PackageLoader("reports", "templates"),
     autoescape=True,
+    finalize=html_finalize,
     undefined=jinja2.StrictUndefined,
     trim_blocks=True,
     lstrip_blocks=True,
@@ -136,7 +143,10 @@ def render_html(
         targets.append(
             {
                 "target": target,
-                "figures": figures,
+                "figures": [
+                    dataclasses.replace(figure, data_uri=Markup(figure.data_uri))
+                    for figure in figures
+                ],
                 "rows": [_check_row(result, check) for check in target.checks],
                 "counts": {
                     verdict.value: sum(check.verdict is verdict for check in target.checks)

@@ -13,8 +13,10 @@ The layout conforms to the JUnit schema CI systems validate against, Jenkins xun
   states its own numbers in ``<system-out>`` as ``key=value`` lines (seed, alpha, power,
   min_detectable_tv, p_value, n, verdict, case_hash, replay), which CI pages show.
 
-Characters XML 1.0 forbids (control characters in a target's error message) are replaced by
-``\\xNN`` escapes so that the file always parses.
+Every text from a target or the record is :func:`reports.text.shown` (control characters as
+visible escapes, cut at :data:`reports.text.DISPLAY_LIMIT` characters), then
+:func:`xml_safe`: characters XML 1.0 forbids are replaced by ``\\xNN`` escapes so that the file
+always parses; ElementTree escapes the rest.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from losslessness.results import AuditResult, CheckResult, TargetResult, Verdict
+from reports.text import shown
 
 _INVALID_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 
@@ -33,6 +36,11 @@ def xml_safe(text: str) -> str:
     return _INVALID_XML.sub(lambda match: f"\\x{ord(match.group()):02x}", str(text))
 
 
+def _text(value: object) -> str:
+    """A record's text for an attribute or element: :func:`reports.text.shown`, XML-safe."""
+    return xml_safe(shown(value))
+
+
 def _number(value: float | None) -> str:
     return "" if value is None else repr(float(value))
 
@@ -40,18 +48,18 @@ def _number(value: float | None) -> str:
 def _properties(parent: ET.Element, values: dict[str, str]) -> None:
     properties = ET.SubElement(parent, "properties")
     for name, value in values.items():
-        ET.SubElement(properties, "property", name=name, value=xml_safe(value))
+        ET.SubElement(properties, "property", name=name, value=_text(value))
 
 
 def _testcase(suite: ET.Element, result: AuditResult, check: CheckResult) -> None:
     case = ET.SubElement(
         suite,
         "testcase",
-        name=xml_safe(f"{check.check_id} {check.where}"),
-        classname=xml_safe(f"losslessness.{check.target}.{check.case_id}"),
+        name=_text(f"{check.check_id} {check.where}"),
+        classname=_text(f"losslessness.{check.target}.{check.case_id}"),
         time=f"{check.wall_time_s:.3f}",
     )
-    message = xml_safe(check.message)
+    message = _text(check.message)
     if check.verdict is Verdict.LOSSY:
         ET.SubElement(case, "failure", message=message, type="LOSSY").text = message
     elif check.verdict is Verdict.ERROR:
@@ -66,12 +74,12 @@ def _testcase(suite: ET.Element, result: AuditResult, check: CheckResult) -> Non
         "min_detectable_tv": _number(check.min_detectable_tv),
         "p_value": _number(check.p_value),
         "n": str(check.n),
-        "case_hash": check.case_hash,
-        "replay": check.replay or "",
+        "case_hash": _text(check.case_hash),
+        "replay": _text(check.replay or ""),
     }
     lines = [f"{key}={value}" for key, value in numbers.items()]
     if check.verdict is Verdict.SUBOPTIMAL:
-        lines.insert(0, f"SUBOPTIMAL (lossless, a warning): {check.message}")
+        lines.insert(0, f"SUBOPTIMAL (lossless, a warning): {message}")
     ET.SubElement(case, "system-out").text = xml_safe("\n".join(lines))
 
 
@@ -85,10 +93,10 @@ def _suite(root: ET.Element, result: AuditResult, target: TargetResult) -> dict[
         + (target.error is not None and not checks),
     }
     attributes = {
-        "name": xml_safe(f"losslessness.{target.name}"),
+        "name": _text(f"losslessness.{target.name}"),
         **{key: str(value) for key, value in counts.items()},
         "time": f"{target.wall_time_s:.3f}",
-        "timestamp": result.started_at,
+        "timestamp": _text(result.started_at),
     }
     suite = ET.SubElement(root, "testsuite", attrib=attributes)
     config = result.config
@@ -109,9 +117,9 @@ def _suite(root: ET.Element, result: AuditResult, target: TargetResult) -> dict[
         _testcase(suite, result, check)
     if target.error is not None and not checks:
         case = ET.SubElement(
-            suite, "testcase", classname=xml_safe(f"losslessness.{target.name}"), name="audit"
+            suite, "testcase", classname=_text(f"losslessness.{target.name}"), name="audit"
         )
-        ET.SubElement(case, "skipped", message=xml_safe(f"could not be audited: {target.error}"))
+        ET.SubElement(case, "skipped", message=_text(f"could not be audited: {target.error}"))
     return counts
 
 

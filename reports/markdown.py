@@ -4,15 +4,14 @@ GitHub caps a step summary at 1 MiB (workflow commands, "Step isolation and limi
 https://docs.github.com/en/actions/using-workflows/workflow-commands-for-github-actions
 ); the summary lists the verdict per target, verdict counts, the design and budget line, at most
 :data:`MAX_ROWS` failing checks and trend flags, and is cut at :data:`STEP_SUMMARY_LIMIT`
-bytes in any case. Text from a target (names, messages) is escaped: HTML special characters
-as entities, table pipes with a backslash, line breaks as spaces.
+bytes in any case. Every text from a target or the record (names, messages, case ids,
+environment values) is literal Markdown through :func:`reports.text.markdown_text`.
 """
 
 from __future__ import annotations
 
-import html
-
 from losslessness.results import AuditResult, CheckKind, CheckResult, Verdict, design_note
+from reports.text import markdown_text
 from reports.trends import BASE_ENVIRONMENT, CheckTrend, Trends
 
 STEP_SUMMARY_LIMIT = 1024 * 1024
@@ -25,11 +24,8 @@ MAX_MESSAGE = 240
 """Characters of a check's message kept in a table cell."""
 
 def _cell(text: str, limit: int = MAX_MESSAGE) -> str:
-    """``text`` safe inside a GitHub table cell."""
-    flat = " ".join(str(text).split())
-    if len(flat) > limit:
-        flat = flat[: limit - 3] + "..."
-    return html.escape(flat, quote=False).replace("|", "\\|")
+    """``text`` safe inside a GitHub table cell, at most ``limit`` characters of it."""
+    return markdown_text(text, limit)
 
 
 def _number(value: float | None) -> str:

@@ -1,4 +1,6 @@
-"""The progress bar the long-running commands (audit, nightly) draw on stderr."""
+"""The progress bar the long-running commands (audit, nightly) draw on stderr. Its label
+names targets and cases, so it is plain text (no rich markup), its control characters
+visible (:func:`reports.text.visible`)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,8 @@ from contextlib import contextmanager
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from reports.text import visible
 
 
 @contextmanager
@@ -24,7 +28,7 @@ def progress_bar(unit: str, *, quiet: bool = False) -> Iterator[Callable[[int, i
         :func:`losslessness.engine.run_audit` and :func:`losslessness.engine.run_shard`.
     """
     progress = Progress(
-        TextColumn("{task.description}"),
+        TextColumn("{task.description}", markup=False),
         BarColumn(),
         MofNCompleteColumn(),
         TextColumn(unit),
@@ -36,7 +40,7 @@ def progress_bar(unit: str, *, quiet: bool = False) -> Iterator[Callable[[int, i
     task = progress.add_task("planning", total=None)
 
     def update(done: int, total: int, label: str) -> None:
-        progress.update(task, completed=done, total=total, description=label)
+        progress.update(task, completed=done, total=total, description=visible(label))
 
     with progress:
         yield update

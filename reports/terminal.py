@@ -1,5 +1,9 @@
 """Terminal rendering of an audit: one verdict table per target (rich), then the failures
-with their replay commands, then a one-line summary per target."""
+with their replay commands, then a one-line summary per target.
+
+Every text from a target or the record is a :func:`reports.text.terminal_text` (a rich Text,
+never parsed as markup, its control characters visible); nothing is printed as a markup
+string."""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from losslessness.results import AuditResult, CheckKind, TargetVerdict, Verdict, design_note
+from reports.text import terminal_text
 
 _STYLES = {
     Verdict.PASS: "green",
@@ -39,8 +44,10 @@ def format_number(value: float | None, digits: int = 3) -> str:
 def _table(result: AuditResult, index: int) -> Table:
     target = result.targets[index]
     table = Table(
-        title=Text.assemble(f"{target.name}: ", (target.verdict.value, _STYLES[target.verdict])),
-        caption=target.description,
+        title=Text.assemble(
+            terminal_text(target.name), ": ", (target.verdict.value, _STYLES[target.verdict])
+        ),
+        caption=terminal_text(target.description),
         title_justify="left",
         caption_justify="left",
     )
@@ -59,12 +66,12 @@ def _table(result: AuditResult, index: int) -> Table:
     ):
         table.add_column(column, justify=justify)  # type: ignore[arg-type]
     for check in target.checks:
-        case = check.case_id + (f"[{check.row}]" if check.n_rows > 1 else "")
+        case = terminal_text(check.case_id + (f"[{check.row}]" if check.n_rows > 1 else ""))
         underpowered = check.kind is CheckKind.STATISTICAL and (
             check.min_detectable_tv > result.config.tv * 1.0001
         )
         table.add_row(
-            check.check_id,
+            terminal_text(check.check_id),
             case,
             "-" if check.position is None else str(check.position),
             str(check.n),
@@ -89,22 +96,29 @@ def print_audit(result: AuditResult, console: Console | None = None) -> None:
     console = console or Console()
     config = result.config
     console.print(
-        f"[bold]losslessness audit[/] seed {config.seed}: every statistical check detects TV >= "
-        f"{config.tv:g} with power {config.power:g}; family-wise false-alarm rate "
-        f"{config.family_wise_alpha:g} split over {result.n_assertions} assertions -> "
-        f"alpha {result.per_assertion_alpha:.3g} each (Bonferroni). Exact checks have no false "
-        "alarms; 'min TV' for them is the smallest violation rate caught with that power, for "
-        "acceptance the smallest shift of the rate." + design_note(config)
+        Text.assemble(
+            ("losslessness audit", "bold"),
+            f" seed {config.seed}: every statistical check detects TV >= {config.tv:g} with "
+            f"power {config.power:g}; family-wise false-alarm rate "
+            f"{config.family_wise_alpha:g} split over {result.n_assertions} assertions -> "
+            f"alpha {result.per_assertion_alpha:.3g} each (Bonferroni). Exact checks have no "
+            "false alarms; 'min TV' for them is the smallest violation rate caught with that "
+            "power, for acceptance the smallest shift of the rate." + design_note(config),
+        )
     )
     if "time budget" in result.environment:
-        console.print(f"time budget: {result.environment['time budget']}")
+        console.print(
+            Text.assemble("time budget: ", terminal_text(result.environment["time budget"]))
+        )
     for index, target in enumerate(result.targets):
         if target.error is not None:
             console.print(
                 Text.assemble(
-                    f"{target.name}: ",
+                    terminal_text(target.name),
+                    ": ",
                     (target.verdict.value, _STYLES[target.verdict]),
-                    f" - could not be audited: {target.error}",
+                    " - could not be audited: ",
+                    terminal_text(target.error),
                 )
             )
             continue
@@ -114,12 +128,13 @@ def print_audit(result: AuditResult, console: Console | None = None) -> None:
                 console.print(
                     Text.assemble(
                         (f"{check.verdict.value} ", _STYLES[check.verdict]),
-                        f"{check.check_id} at {check.where} ({check.case_summary}): ",
-                        check.message,
+                        terminal_text(f"{check.check_id} at {check.where} ({check.case_summary})"),
+                        ": ",
+                        terminal_text(check.message),
                     )
                 )
                 if check.replay:
-                    console.print(Text(f"  replay: {check.replay}", style="dim"))
+                    console.print(terminal_text(f"  replay: {check.replay}", style="dim"))
     for target in result.targets:
         counts = {verdict: sum(c.verdict is verdict for c in target.checks) for verdict in Verdict}
         summary = ", ".join(
@@ -128,10 +143,13 @@ def print_audit(result: AuditResult, console: Console | None = None) -> None:
         console.print(
             Text.assemble(
                 (f"{target.verdict.value:<10} ", _STYLES[target.verdict]),
-                f"{target.name}: {summary or 'no checks'}; {target.verify_steps} verify steps in "
+                terminal_text(target.name),
+                f": {summary or 'no checks'}; {target.verify_steps} verify steps in "
                 f"{target.wall_time_s:.1f} s",
             )
         )
         if target.stopped_early:
-            console.print(Text(f"           stopped early: {target.stopped_early}", style="dim"))
-    console.print(f"wall time {result.wall_time_s:.1f} s")
+            console.print(
+                terminal_text(f"           stopped early: {target.stopped_early}", style="dim")
+            )
+    console.print(Text(f"wall time {result.wall_time_s:.1f} s"))

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 from rich.console import Console
+from rich.markup import escape
 
 
 @click.command(name="report")
@@ -37,7 +38,8 @@ def report_command(result_json: Path, history: tuple[Path, ...], out_dir: Path) 
 
     try:
         result = read_json(result_json)
-    except (ValueError, KeyError, TypeError, AttributeError) as error:
+    except (OSError, ValueError) as error:
+        # Malformed input is a usage error (exit 2), its message naming the wrong field.
         raise click.BadParameter(
             f"{result_json} is not an audit record: {error}", param_hint="RESULT_JSON"
         ) from error
@@ -49,4 +51,4 @@ def report_command(result_json: Path, history: tuple[Path, ...], out_dir: Path) 
         raise click.BadParameter(str(error), param_hint="--history") from error
     console = Console()
     for name, path in paths.items():
-        console.print(f"wrote {name}: {path}")
+        console.print(f"wrote {name}: {escape(str(path))}")

@@ -40,6 +40,8 @@ from losslessness.results import (
     TargetResult,
     TargetVerdict,
     Verdict,
+    message_key,
+    shorten_message,
     target_verdict,
 )
 from losslessness.stats import SUITE_FAMILY_WISE_ALPHA
@@ -200,12 +202,19 @@ def _stopped_early(
     return None
 
 
+def _full_texts(texts: Sequence[str | None]) -> dict[str, str]:
+    """The full text of every message of ``texts`` that was shortened (None: none was), once
+    each, by :func:`~losslessness.results.message_key`: a target's ``full_messages``."""
+    return {message_key(text): text for text in texts if text is not None}
+
+
 def _add_totals(result: TargetResult, units: Sequence[UnitRecord]) -> None:
     for unit in units:
         result.wall_time_s += unit.wall_time_s
         result.verify_steps += unit.verify_steps
         result.verifier_calls += unit.verifier_calls
         result.verifier_time_s += unit.verifier_time_s
+    result.full_messages.update(_full_texts([unit.failure_text for unit in units]))
 
 
 def finish_run(shards: Sequence[ShardResult]) -> RunResult:
@@ -258,7 +267,9 @@ def finish_run(shards: Sequence[ShardResult]) -> RunResult:
     # is missing on this machine are listed but decide nothing.
     for name, reason, named in plan.unavailable:
         missing = TargetVerdict.ERROR if named else TargetVerdict.UNAVAILABLE
-        targets.append(TargetResult(name, "unavailable", missing, error=reason))
+        error = shorten_message(reason)
+        kept = _full_texts([reason if error != reason else None])
+        targets.append(TargetResult(name, "unavailable", missing, error=error, full_messages=kept))
     targets += _device_results(device_units, config)
     suite_junit = {}
     for name, unit in suite_units.items():
@@ -274,6 +285,7 @@ def finish_run(shards: Sequence[ShardResult]) -> RunResult:
                     verdict,
                     error=unit.failure,
                     wall_time_s=unit.wall_time_s,
+                    full_messages=_full_texts([unit.failure_text]),
                 )
             )
             continue
@@ -327,6 +339,7 @@ def _device_results(units: Sequence[UnitRecord], config: RunConfig) -> list[Targ
                     if unit.failure_kind is FailureKind.INCOMPLETE
                     else TargetVerdict.ERROR,
                     error=unit.failure,
+                    full_messages=_full_texts([unit.failure_text]),
                 )
             )
         for name, reason in unit.unavailable:

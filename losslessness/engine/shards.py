@@ -31,15 +31,18 @@ from losslessness.cases import ChainCase
 from losslessness.checks.sequential import evidence_from_json, evidence_to_json
 from losslessness.engine.plan import PlanRecord, Unit, UnitKind
 from losslessness.engine.tables import CountTable, merge_tables
+from losslessness.records import validate_record
 from losslessness.results import (
+    JSON_NULL_FLOATS,
     AssertionKey,
     CheckResult,
     SequentialEvidence,
     check_from_dict,
     check_to_dict,
+    shorten_message,
 )
 
-SHARD_FORMAT_VERSION = "3"
+SHARD_FORMAT_VERSION = "4"
 """Version of the shard file layout; :func:`load_shard` rejects other versions."""
 
 _SHARD_PATTERN = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
@@ -151,7 +154,11 @@ class UnitRecord:
         verifier_time_s: seconds spent inside the target.
         failure_kind: why the unit did not finish as planned (:class:`FailureKind`), or None.
         failure: the message of the failure (for ``unavailable``: the reason and the command
-            that installs what is missing).
+            that installs what is missing), at most about
+            :data:`~losslessness.results.MESSAGE_LIMIT` characters (:meth:`fail`).
+        failure_text: the failure's full text when ``failure`` is shortened, else None (kept
+            once here; the finished record keeps it once per target,
+            :attr:`~losslessness.results.TargetResult.full_messages`).
         checks: results of greedy, tree, end-to-end, device and suite units.
         sequential: the sequential monitor's evidence by assertion (chain chunks and tree
             units of a run that stops early on evidence), else None.
@@ -175,6 +182,7 @@ class UnitRecord:
     verifier_time_s: float = 0.0
     failure_kind: FailureKind | None = None
     failure: str | None = None
+    failure_text: str | None = None
     checks: list[CheckResult] = field(default_factory=list)
     sequential: dict[AssertionKey, SequentialEvidence] | None = None
     stopped: str | None = None
@@ -192,6 +200,14 @@ class UnitRecord:
             unit.index, unit.key, unit.kind, unit.target, unit.case_id, unit.chunk,
             failure_kind=failure_kind, failure=failure,
         )
+
+    def fail(self, kind: FailureKind, text: str) -> None:
+        """Record that the unit failed with ``kind``: ``failure`` is ``text`` shortened once
+        (:func:`~losslessness.results.shorten_message`; what every check and report repeats),
+        ``failure_text`` the full text when it was longer."""
+        self.failure_kind = kind
+        self.failure = shorten_message(text)
+        self.failure_text = text if self.failure != text else None
 
 
 @dataclass
@@ -252,7 +268,15 @@ def _unit_to_dict(unit: UnitRecord) -> dict[str, Any]:
     return data
 
 
-def _unit_from_dict(data: dict[str, Any]) -> UnitRecord:
+def _unit_from_dict(data: Any, path: str) -> UnitRecord:
+    """The unit record of a shard file's ``data`` at ``path`` (``units[3]``), validated first.
+
+    Raises:
+        RecordError: naming the wrong field's path.
+    """
+    validate_record(
+        data, UnitRecord, path=path, nullable_floats=JSON_NULL_FLOATS, opaque=("sequential",)
+    )
     values = dict(data)
     values["kind"] = UnitKind(values["kind"])
     if values["failure_kind"] is not None:
@@ -316,13 +340,16 @@ def load_shard(path: str | Path) -> ShardResult:
 
     Raises:
         FileNotFoundError: no such file.
-        ShardMergeError: not a shard file, or of another format version.
+        ShardMergeError: not a shard file, of another format version, or malformed (a unit
+            record's wrong field named by its path, ``units[3].checks[0].p_value: ...``).
     """
     path = Path(path)
     try:
         with np.load(path, allow_pickle=False) as data:
             meta = json.loads(str(data["meta"][()]))
             arrays = {name: data[name] for name in data.files if name != "meta"}
+        if not isinstance(meta, dict):
+            raise ValueError(f"its metadata is not a JSON object but {type(meta).__name__}")
     except FileNotFoundError:
         raise
     except (OSError, ValueError, KeyError, zipfile.BadZipFile) as error:
@@ -333,16 +360,17 @@ def load_shard(path: str | Path) -> ShardResult:
             f"{path}: shard format version {version!r}, this losslessness reads "
             f"{SHARD_FORMAT_VERSION!r}"
         )
-    tables = {
-        (target, case_id): CountTable(
-            arrays[f"records_{i}"].astype(np.int64), arrays[f"counts_{i}"].astype(np.int64)
-        )
-        for i, (target, case_id) in enumerate(meta["tables"])
-    }
-    units = [_unit_from_dict(unit) for unit in meta["units"]]
     try:
+        tables = {
+            (target, case_id): CountTable(
+                arrays[f"records_{i}"].astype(np.int64), arrays[f"counts_{i}"].astype(np.int64)
+            )
+            for i, (target, case_id) in enumerate(meta["tables"])
+        }
+        units = [_unit_from_dict(unit, f"units[{i}]") for i, unit in enumerate(meta["units"])]
         plan = PlanRecord.from_json(meta["plan"])
-    except ValueError as error:
+    except (KeyError, TypeError, ValueError) as error:
+        # A shard file comes from disk: a malformed one is reported, never a traceback.
         raise ShardMergeError(f"{path}: {error}") from error
     if plan.fingerprint != meta["fingerprint"]:
         raise ShardMergeError(f"{path}: the plan does not match its fingerprint (altered file?)")

@@ -26,12 +26,16 @@ ProgressCallback = Callable[[int, int, str], None]
 
 def failure_message(error: BaseException) -> str:
     """What a unit record says of a target's exception: a hang, or the exception and where
-    it was raised."""
+    it was raised (in full: :meth:`UnitRecord.fail` shortens it once, where it is recorded)."""
     if isinstance(error, TargetTimeout):
         return f"target hung: {error}"
     where = traceback.extract_tb(error.__traceback__)[-1] if error.__traceback__ else None
     location = f" at {where.filename}:{where.lineno}" if where else ""
-    return f"target raised {type(error).__name__}: {error}{location}"
+    try:
+        text = str(error)
+    except Exception:  # an exception's own __str__ is target code and may raise too
+        text = "<its message could not be converted to text>"
+    return f"target raised {type(error).__name__}: {text}{location}"
 
 
 @dataclass
@@ -92,11 +96,11 @@ def record_target_error(state: ShardState, record: UnitRecord, error: BaseExcept
     """Record in ``record`` that its target raised ``error``: not applicable (its checks
     SKIPPED), else an error; a hang also marks the target hung for the rest of the shard."""
     if isinstance(error, NotApplicable):
-        record.failure_kind, record.failure = FailureKind.NOT_APPLICABLE, error.skip_message
+        record.fail(FailureKind.NOT_APPLICABLE, error.skip_message)
         return
-    record.failure_kind, record.failure = FailureKind.ERROR, failure_message(error)
+    record.fail(FailureKind.ERROR, failure_message(error))
     if isinstance(error, TargetTimeout):
-        state.hung[record.target] = record.failure
+        state.hung[record.target] = str(record.failure)
 
 
 def untested_results(

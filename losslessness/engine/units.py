@@ -233,10 +233,9 @@ def _run_end_to_end_unit(state: ShardState, unit: Unit, record: UnitRecord) -> N
         _not_sampled(record, context, selected, "time budget spent")
         return
     if isinstance(entry.error, NotApplicable):
-        record.failure_kind, record.failure = FailureKind.NOT_APPLICABLE, entry.error.skip_message
+        record.fail(FailureKind.NOT_APPLICABLE, entry.error.skip_message)
     elif entry.error is not None:
-        record.failure_kind = FailureKind.ERROR
-        record.failure = failure_message(entry.error)
+        record.fail(FailureKind.ERROR, failure_message(entry.error))
     else:
         try:
             samples = sample_end_to_end(entry, state.tracker.advance, plan.config.timeout_s)
@@ -267,7 +266,7 @@ def _run_device_unit(state: ShardState, unit: Unit, record: UnitRecord) -> None:
             plan.device_alpha,
         )
     except Exception as error:
-        record.failure_kind, record.failure = FailureKind.ERROR, failure_message(error)
+        record.fail(FailureKind.ERROR, failure_message(error))
     else:
         record.checks = list(checks)
         record.unavailable = [(name, reason) for name, reason in unavailable]

@@ -256,13 +256,17 @@ def test_markdown_summary_has_verdicts_budget_and_failures_within_step_summary_l
     written: dict[str, Path], result: AuditResult
 ) -> None:
     """report.md names each target's verdict, the budget line and the failing checks with
-    replay commands, escapes ``<script>``, and is under GitHub's 1 MiB step-summary limit."""
+    replay commands (record text Markdown-escaped: ``_`` as ``\\_``), ``<script>`` as entities,
+    and is under GitHub's 1 MiB step-summary limit."""
     text = written["markdown"].read_text(encoding="utf-8")
     assert text.startswith("# losslessness audit: LOSSY")
     assert "| reference | **LOSSLESS** |" in text
-    assert "| residual_is_target | **LOSSY** |" in text
+    assert "| residual\\_is\\_target | **LOSSY** |" in text
     assert f"alpha {result.per_assertion_alpha:.3g} each" in text
-    assert "losslessness audit residual_is_target --seed 11 --case v2-tilted --only law" in text
+    assert (
+        "losslessness audit residual\\_is\\_target --seed 11 --case v2-tilted --only law"
+        in text
+    )
     assert "<script" not in text and "&lt;script&gt;" in text
     assert len(text.encode("utf-8")) < STEP_SUMMARY_LIMIT
 
