@@ -6,10 +6,11 @@ process (``python -c``, not ``multiprocessing``'s spawn, which would run the par
 script again in the child: a user's driver without a ``__main__`` guard, pytest's or the CLI's
 entry point), connected by a socket pair, SIGINT ignored (the parent alone handles Ctrl-C) and
 killed with its parent (``PR_SET_PDEATHSIG`` on Linux). It resolves the target itself
-(``WorkerSpec.resolver``, :func:`losslessness.targets.load_adapter`) and sends back what the parent needs to plan a run: the adapter's plain fields, which verifiers it
-has (with their names and declared verification) and its end-to-end targets' fields. The
-parent builds an :class:`~losslessness.adapters.Adapter` of :class:`RemoteCallable` proxies
-from it (:meth:`TargetWorker.adapter`).
+(``WorkerSpec.resolver``, :func:`losslessness.targets.load_adapter`) and sends back what the
+parent needs to plan a run: the adapter's plain fields, which verifiers it has (with their
+names and declared verification) and its end-to-end targets' fields. The parent builds an
+:class:`~losslessness.adapters.Adapter` of :class:`RemoteCallable` proxies from it
+(:meth:`TargetWorker.adapter`).
 
 One call of a proxy writes every tensor argument into one shared-memory block (grown as
 needed, reused across calls; an argument whose tensor is the very storage, shape, strides and
@@ -35,16 +36,17 @@ cannot run code in the parent. Every worker is killed at interpreter exit (and b
 from __future__ import annotations
 
 import atexit
-import dataclasses
-import io
+import contextlib
 import ctypes
+import dataclasses
 import importlib
+import io
 import os
+import pickle
+import signal
 import socket
 import subprocess
 import sys
-import pickle
-import signal
 import threading
 import traceback
 from collections.abc import Callable, Sequence
@@ -52,8 +54,8 @@ from dataclasses import dataclass
 from enum import Enum
 from multiprocessing import resource_tracker
 from multiprocessing.connection import Connection
-from pathlib import Path
 from multiprocessing.shared_memory import SharedMemory
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -339,11 +341,9 @@ class _Memory:
     def block(self, name: str) -> SharedMemory:
         if name not in self.blocks:
             for old_name in list(self.blocks):
-                try:
+                # A target that kept a view of an old block keeps it mapped.
+                with contextlib.suppress(BufferError):
                     self.blocks.pop(old_name).close()
-                except BufferError:
-                    # The target kept a view of an old block: leave it mapped.
-                    pass
             block = self.blocks[name] = SharedMemory(name=name)
             # Attaching registers the block with this process's resource tracker, which would
             # unlink it when the worker exits: the parent owns it.
@@ -387,10 +387,8 @@ def _die_with_parent() -> None:
     """Ask Linux to kill this process when its parent dies (elsewhere: the closed socket ends
     the loop at the next call)."""
     if sys.platform.startswith("linux"):
-        try:
+        with contextlib.suppress(OSError, AttributeError):
             ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-        except (OSError, AttributeError):
-            pass
 
 
 def serve(descriptor: int) -> None:
@@ -445,6 +443,10 @@ def serve(descriptor: int) -> None:
 # --- The parent's side ----------------------------------------------------------------------
 
 
+_Placed = tuple[str, torch.Tensor, int]
+"""A tensor argument of a call: its name, the tensor, its offset in the block."""
+
+
 @dataclass
 class _Written:
     """A tensor argument the previous call wrote into the block and found intact after it:
@@ -481,6 +483,10 @@ class TargetWorker:
         spec: the target to load.
         timeout_s: seconds a direct call of a proxy may take (calls through
             :func:`losslessness.engine.draw.call_target` give their own).
+
+    Attributes:
+        timeout_option: the option a timeout message names (``--timeout``).
+        starts: how many times a worker process was started.
     """
 
     def __init__(self, spec: WorkerSpec, timeout_s: float | None = DEFAULT_TIMEOUT_S) -> None:
@@ -492,6 +498,7 @@ class TargetWorker:
         self._written: dict[str, _Written] = {}
         self._description: dict[str, Any] | None = None
         self.starts = 0
+        self.timeout_option = "--timeout"
 
     @property
     def name(self) -> str:
@@ -576,7 +583,11 @@ class TargetWorker:
         """
         if self._process is None:
             self.start()
-        description = self._description = self._wait_loaded()
+        try:
+            description = self._description = self._wait_loaded()
+        except BaseException:
+            self.close()
+            raise
         fields = {key: _read_field(value) for key, value in description["fields"].items()}
         for field, (name, verification) in description["verifiers"].items():
             fields[field] = RemoteCallable(self, (field,), name, verification)
@@ -613,16 +624,14 @@ class TargetWorker:
     def _release_memory(self) -> None:
         if self._memory is not None:
             self._memory.close()
-            try:
+            # A hostile target may unlink it first; then there is nothing left to free.
+            with contextlib.suppress(FileNotFoundError):
                 self._memory.unlink()
-            except FileNotFoundError:
-                # A hostile target may unlink it first; there is nothing left to free.
-                pass
             self._memory = None
 
     def _lay_out(
         self, args: Sequence[Any], kwargs: dict[str, Any], argument_names: Sequence[str]
-    ) -> tuple[list[Any], dict[str, Any], list[tuple[str, torch.Tensor, int]], list[torch.Generator]]:
+    ) -> tuple[list[Any], dict[str, Any], list[_Placed], list[torch.Generator]]:
         """Encode a call's arguments: tensors into the block (copied unless already there),
         generators as their states, the rest as they are."""
         named = [(argument_names[i] if i < len(argument_names) else f"argument {i}", value)
@@ -729,7 +738,7 @@ class TargetWorker:
             self.kill()
             raise TargetTimeout(
                 f"the call of {self.name} ({'.'.join(map(str, path))}) did not return within "
-                f"{timeout_s:g} s (--timeout); its worker process was killed",
+                f"{timeout_s:g} s ({self.timeout_option}); its worker process was killed",
                 worker_killed=True,
             )
         try:
@@ -893,6 +902,7 @@ def shutdown_workers() -> None:
 atexit.register(shutdown_workers)
 
 __all__ = [
+    "ProtocolViolation",
     "RemoteCallable",
     "RemoteCountingGenerator",
     "RemoteGenerator",
@@ -901,7 +911,6 @@ __all__ = [
     "TargetTimeout",
     "TargetWorker",
     "WorkerSpec",
-    "ProtocolViolation",
     "shutdown_workers",
     "start_worker",
     "worker_of",

@@ -59,9 +59,10 @@ def call_target(function: Callable[..., _T], *args: Any, timeout_s: float | None
 
     A target in a worker process (a :class:`~losslessness.worker.RemoteCallable`) is called
     there: past ``timeout_s`` the worker is killed and the next call starts a fresh one
-    (:meth:`losslessness.worker.TargetWorker.call`). In the main thread the call runs there, under a ``SIGALRM`` interval timer whose handler
-    raises :class:`TargetTimeout` (the call keeps the thread's torch and OpenMP state: calling
-    from a fresh thread made small-op targets such as transformers' about twice as slow). The
+    (:meth:`losslessness.worker.TargetWorker.call`). In the main thread the call runs there,
+    under a ``SIGALRM`` interval timer whose handler raises :class:`TargetTimeout` (the call
+    keeps the thread's torch and OpenMP state: calling from a fresh thread made small-op
+    targets such as transformers' about twice as slow). The
     timer interrupts Python code and interruptible waits (``time.sleep``, I/O); a hang inside
     one C call is interrupted when that call returns. Outside the main thread (signals cannot
     be used there) the call runs in a daemon thread that the run stops waiting for.

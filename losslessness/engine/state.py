@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from losslessness.adapters import NotApplicable
-from losslessness.engine.draw import TargetRaised, TargetTimeout
+from losslessness.engine.draw import TargetCrashed, TargetRaised, TargetTimeout
 from losslessness.engine.plan import PlanRecord, RunPlan
 from losslessness.engine.shards import FailureKind, ShardSpec, UnitRecord
 from losslessness.engine.tables import CountTable
@@ -25,10 +25,12 @@ ProgressCallback = Callable[[int, int, str], None]
 
 
 def failure_message(error: BaseException) -> str:
-    """What a unit record says of a target's exception: a hang, or the exception and where
-    it was raised."""
+    """What a unit record says of a target's exception: a hang, a crash of its worker process,
+    or the exception and where it was raised."""
     if isinstance(error, TargetTimeout):
         return f"target hung: {error}"
+    if isinstance(error, TargetCrashed):
+        return f"target crashed: {error}"
     if isinstance(error, TargetRaised):
         location = f" at {error.location}" if error.location else ""
         return f"target raised {error.type_name}: {error.message}{location}"
