@@ -17,8 +17,9 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from importlib.metadata import EntryPoint, entry_points
 
 from losslessness.adapters import Adapter, AdapterNotFound, AdapterUnavailable
@@ -32,6 +33,9 @@ IN_PROCESS_TARGETS = frozenset({"reference", "toy", "toy-tree"})
 """Registered adapters the audit ships whose code is all ours (the reference and the toy
 decoding loops): they run in the audit's own process, like the zoo's ``mutant/<name>``
 entries; every other target runs in a worker process (:mod:`losslessness.worker`)."""
+
+STARTING_AT_ONCE = max(2, os.cpu_count() or 2)
+"""Worker processes :func:`resolve_targets` starts loading at the same time."""
 
 def registered_adapters() -> dict[str, EntryPoint]:
     """Adapters registered under the ``losslessness.adapters`` entry-point group, by name.
@@ -129,10 +133,24 @@ def load_adapter(name: str, *, greedy: bool = False, protocol: str = "chain") ->
 
 
 def _start(name: str, greedy: bool, protocol: str, in_process: bool | None) -> TargetWorker | None:
-    """A started worker for ``name``, or None when it runs in this process."""
+    """A started worker for ``name``, or None when it runs in this process.
+
+    A name that cannot match anything (a malformed ``pkg.module:callable``, an unregistered
+    adapter) is refused here, before any process starts.
+
+    Raises:
+        AdapterNotFound: such a name.
+        ValueError: an unknown protocol.
+    """
     if protocol not in PROTOCOLS:
         raise ValueError(f"protocol: must be one of {', '.join(PROTOCOLS)}, got {protocol!r}")
     if in_process if in_process is not None else runs_in_process(name):
+        return None
+    if ":" in name:
+        module_name, _, attribute = name.partition(":")
+        if not module_name or not attribute:
+            raise AdapterNotFound(f"{name!r}: expected 'pkg.module:callable'")
+    elif not name.startswith("mutant/") and name not in registered_adapters():
         return None
     return start_worker(name, greedy=greedy, protocol=protocol, resolver=f"{__name__}:load_adapter")
 
@@ -224,25 +242,44 @@ def resolve_targets(
     listed = [name for name, _ in wanted]
     if len(set(listed)) != len(listed):
         raise ValueError(f"targets: names repeat: {listed}")
-    resolved: list[Adapter | UnavailableTarget] = []
-    workers = [_start(name, False, protocol, in_process) for name, protocol in wanted]
-    try:
-        for (name, protocol), worker in zip(wanted, workers, strict=True):
-            try:
+    resolved: dict[int, Adapter | UnavailableTarget] = {}
+
+    def settle(index: int, load: Callable[[], Adapter]) -> None:
+        name = wanted[index][0]
+        try:
+            resolved[index] = load()
+        except AdapterNotFound as error:
+            raise ValueError(f"targets: {error}") from error
+        except AdapterUnavailable as error:
+            resolved[index] = UnavailableTarget(name, str(error), named=named)
+
+    isolated: list[int] = []
+    for index, (name, protocol) in enumerate(wanted):
+        if in_process if in_process is not None else runs_in_process(name):
+            settle(index, partial(load_adapter, name, protocol=protocol))
+        else:
+            isolated.append(index)
+    # Workers load a few at a time: every one imports torch, and a night tries every
+    # registered adapter.
+    for first in range(0, len(isolated), STARTING_AT_ONCE):
+        batch = isolated[first : first + STARTING_AT_ONCE]
+        workers: dict[int, TargetWorker] = {}
+        try:
+            for index in batch:
+                name, protocol = wanted[index]
+                worker = _start(name, False, protocol, False)
                 if worker is None:
-                    resolved.append(load_adapter(name, protocol=protocol))
+                    # A name nothing matches: load_adapter says so without importing anything.
+                    settle(index, partial(load_adapter, name, protocol=protocol))
                 else:
-                    resolved.append(worker.adapter())
-            except AdapterNotFound as error:
-                raise ValueError(f"targets: {error}") from error
-            except AdapterUnavailable as error:
-                resolved.append(UnavailableTarget(name, str(error), named=named))
-    except BaseException:
-        for worker in workers:
-            if worker is not None:
+                    workers[index] = worker
+            for index, worker in workers.items():
+                settle(index, worker.adapter)
+        except BaseException:
+            for worker in workers.values():
                 worker.close()
-        raise
-    return resolved
+            raise
+    return [resolved[index] for index in range(len(wanted))]
 
 
 __all__ = [

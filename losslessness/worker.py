@@ -264,10 +264,12 @@ def _read_field(tagged: Any) -> Any:
     kind = tagged[0]
     if kind == "enum":
         _, module_name, class_name, value = tagged
-        module = __import__(module_name, fromlist=[class_name])
-        enum_class = getattr(module, class_name)
+        # Only an enum of a module of this package the parent has already imported: a reply
+        # never makes the parent import anything.
+        module = sys.modules.get(module_name) if module_name.startswith("losslessness.") else None
+        enum_class = getattr(module, class_name, None)
         if not (isinstance(enum_class, type) and issubclass(enum_class, Enum)):
-            raise TypeError(f"{module_name}.{class_name} is not an enum")
+            raise TypeError(f"{module_name}.{class_name} is not an enum of losslessness")
         return enum_class(value)
     if kind == "tuple":
         return tuple(_read_field(item) for item in tagged[1])
@@ -393,8 +395,8 @@ def _die_with_parent() -> None:
 
 def serve(descriptor: int) -> None:
     """The worker process's main function (``python -c``): read the :class:`WorkerSpec` from
-    the socket ``descriptor``, load the target, say what it is, then answer calls until told
-    to stop or the parent's end closes."""
+    the socket ``descriptor``, load the target, say what it is, then answer calls until the
+    parent's end closes (or the parent kills it)."""
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     connection = Connection(descriptor)
@@ -421,8 +423,6 @@ def serve(descriptor: int) -> None:
         try:
             message = pickle.loads(connection.recv_bytes())
         except EOFError:
-            return
-        if message[0] == "stop":
             return
         _, path, args, kwargs, block_name = message
         generators: list[torch.Generator] = []
@@ -486,7 +486,6 @@ class TargetWorker:
 
     Attributes:
         timeout_option: the option a timeout message names (``--timeout``).
-        starts: how many times a worker process was started.
     """
 
     def __init__(self, spec: WorkerSpec, timeout_s: float | None = DEFAULT_TIMEOUT_S) -> None:
@@ -496,8 +495,6 @@ class TargetWorker:
         self._connection: Connection | None = None
         self._memory: SharedMemory | None = None
         self._written: dict[str, _Written] = {}
-        self._description: dict[str, Any] | None = None
-        self.starts = 0
         self.timeout_option = "--timeout"
 
     @property
@@ -534,7 +531,6 @@ class TargetWorker:
         connection.send_bytes(pickle.dumps(self.spec))
         self._process, self._connection = process, connection
         self._written.clear()
-        self.starts += 1
         with _LIVE_LOCK:
             _LIVE.add(self)
         return self
@@ -584,13 +580,24 @@ class TargetWorker:
         if self._process is None:
             self.start()
         try:
-            description = self._description = self._wait_loaded()
+            description = self._wait_loaded()
         except BaseException:
             self.close()
             raise
+        try:
+            return self._adapter_of(description)
+        except (TypeError, ValueError, KeyError, AttributeError) as error:
+            self.close()
+            raise AdapterUnavailable(
+                f"{self.name!r}: its worker process described it wrongly: {error}"
+            ) from None
+
+    def _adapter_of(self, description: dict[str, Any]) -> Adapter:
         fields = {key: _read_field(value) for key, value in description["fields"].items()}
         for field, (name, verification) in description["verifiers"].items():
-            fields[field] = RemoteCallable(self, (field,), name, verification)
+            if field not in VERIFIER_FIELDS:
+                raise KeyError(field)
+            fields[field] = RemoteCallable(self, (field,), str(name), verification)
         fields["end_to_end"] = tuple(
             EndToEndTarget(
                 **{key: _read_field(value) for key, value in engine["fields"].items()},
