@@ -5,22 +5,27 @@ available to every pytest run::
 
     pytest --losslessness-target=pkg.module:verify [--losslessness-greedy=pkg.module:fn]
            [--losslessness-tree=pkg.module:fn] [--losslessness-tree-greedy=pkg.module:fn]
-           [--losslessness-profile=ci]
+           [--losslessness-profile=ci] [--losslessness-timeout=SECONDS]
 
 With ``--losslessness-target`` or ``--losslessness-greedy`` the chain and greedy test modules
 (:mod:`losslessness.suite`) join the collection, with ``--losslessness-tree`` or
 ``--losslessness-tree-greedy`` the tree module; without any, the plugin does nothing. A tree
 target is a tree verifier function, an :class:`~losslessness.adapters.Adapter` (its ``tree``
 or ``greedy_tree``), a registered adapter name or ``mutant/tree-<name>``. Targets resolve like
-``losslessness audit`` targets (registered adapter names work too). torch and the library are
-imported only when a target is used, so the plugin costs nothing in unrelated pytest runs.
+``losslessness audit`` targets (registered adapter names work too) and run where the audit runs
+them (:func:`losslessness.targets.resolve_adapter`): every target but the reference, the toy
+loops and the zoo in a worker process, so an exit, a crash or a hang fails the test at hand
+instead of the pytest run. Every call of a target may take ``--losslessness-timeout`` seconds
+(default: the audit's ``--timeout`` default); a longer call fails its test, naming the option.
+torch and the library are imported only when a target is used, so the plugin costs nothing in
+unrelated pytest runs.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -45,6 +50,8 @@ class SuiteTarget:
         profile: ``--losslessness-profile``, or None (then the environment variable decides).
         tree_name: ``--losslessness-tree``, or None.
         greedy_tree_name: ``--losslessness-tree-greedy``, or None.
+        timeout_s: ``--losslessness-timeout``: seconds one call of a target may take (None:
+            the audit's default, :data:`losslessness.config.DEFAULT_TIMEOUT_S`).
     """
 
     chain_name: str | None
@@ -52,17 +59,41 @@ class SuiteTarget:
     profile: str | None
     tree_name: str | None = None
     greedy_tree_name: str | None = None
+    timeout_s: float | None = None
+    _loaded: dict[tuple[str, str], Any] = field(default_factory=dict, compare=False, repr=False)
 
-    def _resolve(self, name: str | None, greedy: bool, option: str) -> Adapter:
+    @property
+    def call_timeout_s(self) -> float:
+        """Seconds one call of a target may take."""
+        from losslessness.config import DEFAULT_TIMEOUT_S
+
+        return self.timeout_s if self.timeout_s is not None else DEFAULT_TIMEOUT_S
+
+    def _load(self, name: str, protocol: str, option: str) -> Adapter:
+        """The adapter of ``name`` (loaded once per session; a worker process's calls bounded by
+        :attr:`call_timeout_s`)."""
         from losslessness.adapters import AdapterNotFound, AdapterUnavailable
         from losslessness.targets import resolve_adapter
+        from losslessness.worker import worker_of
 
+        key = (name, protocol)
+        if key not in self._loaded:
+            try:
+                adapter = resolve_adapter(name, protocol=protocol)
+            except (AdapterNotFound, AdapterUnavailable) as error:
+                raise pytest.UsageError(f"{option}={name}: {error}") from error
+            worker = worker_of(adapter)
+            if worker is not None:
+                worker.timeout_s = self.call_timeout_s
+                worker.timeout_option = "--losslessness-timeout"
+            self._loaded[key] = adapter
+        loaded: Adapter = self._loaded[key]
+        return loaded
+
+    def _resolve(self, name: str | None, greedy: bool, option: str) -> Adapter:
         if name is None:
             pytest.skip(f"no {option} given")
-        try:
-            adapter = resolve_adapter(name, greedy=greedy)
-        except (AdapterNotFound, AdapterUnavailable) as error:
-            raise pytest.UsageError(f"{option}={name}: {error}") from error
+        adapter = self._load(name, "greedy" if greedy else "chain", option)
         if (adapter.greedy if greedy else adapter.chain) is None:
             raise pytest.UsageError(
                 f"{option}={name}: has no {'greedy' if greedy else 'chain'} verifier"
@@ -80,18 +111,11 @@ class SuiteTarget:
         return adapter.greedy
 
     def _resolve_tree(self, name: str | None, greedy: bool, option: str) -> object:
-        from losslessness.adapters import Adapter, AdapterNotFound, AdapterUnavailable
-        from losslessness.targets import load_callable, resolve_adapter
-
         if name is None:
             pytest.skip(f"no {option} given")
         kind = "greedy tree" if greedy else "tree"
-        try:
-            loaded = load_callable(name) if ":" in name else resolve_adapter(name)
-        except (AdapterNotFound, AdapterUnavailable) as error:
-            raise pytest.UsageError(f"{option}={name}: {error}") from error
-        if isinstance(loaded, Adapter):
-            loaded = loaded.greedy_tree if greedy else loaded.tree
+        adapter = self._load(name, "greedy-tree" if greedy else "tree", option)
+        loaded = adapter.greedy_tree if greedy else adapter.tree
         if not callable(loaded):
             raise pytest.UsageError(f"{option}={name}: has no {kind} verifier")
         return loaded
@@ -118,13 +142,15 @@ class SuiteTarget:
         if self.greedy_tree_name:
             parts.append(f"--losslessness-tree-greedy={self.greedy_tree_name}")
         parts.append(f"--losslessness-profile={self.profile or 'ci'}")
+        if self.timeout_s is not None:
+            parts.append(f"--losslessness-timeout={self.timeout_s:g}")
         parts.append(f"-k {test_name}")
         return " ".join(parts)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     """Add ``--losslessness-target``, ``--losslessness-greedy``, ``--losslessness-tree``,
-    ``--losslessness-tree-greedy`` and ``--losslessness-profile``."""
+    ``--losslessness-tree-greedy``, ``--losslessness-timeout`` and ``--losslessness-profile``."""
     from strategies.profiles import add_profile_option
 
     group = parser.getgroup("losslessness", "losslessness property suite")
@@ -151,6 +177,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="PKG.MODULE:CALLABLE",
         default=None,
         help="run the tree property suite on this greedy tree verifier",
+    )
+    group.addoption(
+        "--losslessness-timeout",
+        metavar="SECONDS",
+        type=float,
+        default=None,
+        help="seconds one call of a target may take; a longer call fails its test (default: "
+        "the audit's --timeout default)",
     )
     add_profile_option(parser)
 
@@ -181,4 +215,5 @@ def losslessness_target(request: pytest.FixtureRequest) -> SuiteTarget:
         config.getoption("losslessness_profile", default=None),
         tree_name=config.getoption("losslessness_tree"),
         greedy_tree_name=config.getoption("losslessness_tree_greedy"),
+        timeout_s=config.getoption("losslessness_timeout"),
     )

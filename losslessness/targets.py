@@ -6,6 +6,10 @@ registers ``reference``, ``transformers`` and the engines), ``mutant/<name>`` (a
 control of the zoo, :mod:`losslessness.zoo`), or ``pkg.module:callable``, imported as
 ``python -m`` would: the current directory first, then ``PYTHONPATH``. The audit, the plan
 command, the nightly, the device checks and the pytest plugin all resolve through here.
+
+Where a target runs is decided here too (:func:`runs_in_process`): the reference, the toy loops
+and the zoo in the audit's own process, every other target in a worker process
+(:mod:`losslessness.worker`), so that nothing it does can change the audit.
 """
 
 from __future__ import annotations
@@ -13,17 +17,25 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from importlib.metadata import EntryPoint, entry_points
 
 from losslessness.adapters import Adapter, AdapterNotFound, AdapterUnavailable
 from losslessness.protocol import PROTOCOLS
+from losslessness.worker import TargetWorker, start_worker
 from losslessness.zoo import mutant
 
 ENTRY_POINT_GROUP = "losslessness.adapters"
 
+IN_PROCESS_TARGETS = frozenset({"reference", "toy", "toy-tree"})
+"""Registered adapters the audit ships whose code is all ours (the reference and the toy
+decoding loops): they run in the audit's own process, like the zoo's ``mutant/<name>``
+entries; every other target runs in a worker process (:mod:`losslessness.worker`)."""
 
+STARTING_AT_ONCE = max(2, os.cpu_count() or 2)
+"""Worker processes :func:`resolve_targets` starts loading at the same time."""
 
 def registered_adapters() -> dict[str, EntryPoint]:
     """Adapters registered under the ``losslessness.adapters`` entry-point group, by name.
@@ -83,27 +95,21 @@ def load_callable(spec: str) -> object:
     return value
 
 
-def resolve_adapter(name: str, *, greedy: bool = False, protocol: str = "chain") -> Adapter:
-    """The adapter for a target name.
+def runs_in_process(name: str) -> bool:
+    """Whether target ``name`` runs in the audit's own process by default: the zoo's
+    ``mutant/<name>`` entries and the :data:`IN_PROCESS_TARGETS` this package registers. Every
+    other target (third-party adapters, ``pkg.module:callable``) runs in a worker process."""
+    if name.startswith("mutant/"):
+        return True
+    if name not in IN_PROCESS_TARGETS:
+        return False
+    point = registered_adapters().get(name)
+    return point is not None and point.value.startswith("losslessness.adapters.")
 
-    Args:
-        name: a registered adapter name, ``mutant/<name>`` (a mutant of the zoo,
-            :mod:`losslessness.zoo`) or ``pkg.module:callable``; the callable may
-            be an :class:`Adapter` or a verifier function.
-        greedy: a bare function follows the greedy protocol instead of the chain protocol.
-        protocol: the protocol a bare function follows, one of :data:`PROTOCOLS`
-            (``"tree"``: :class:`~losslessness.protocol.TreeVerifier`, ``"greedy-tree"``:
-            :class:`~losslessness.protocol.GreedyTreeVerifier`); ``greedy=True`` is
-            ``"greedy"``.
 
-    Returns:
-        The :class:`Adapter`.
-
-    Raises:
-        AdapterNotFound: nothing matches ``name``.
-        AdapterUnavailable: the adapter exists but cannot load here (e.g. package missing).
-        ValueError: naming ``protocol``, when it is not one of :data:`PROTOCOLS`.
-    """
+def load_adapter(name: str, *, greedy: bool = False, protocol: str = "chain") -> Adapter:
+    """The adapter for a target name, loaded in this process (a worker process calls this for
+    its target; see :func:`resolve_adapter` for the arguments and errors)."""
     if protocol not in PROTOCOLS:
         raise ValueError(f"protocol: must be one of {', '.join(PROTOCOLS)}, got {protocol!r}")
     if name.startswith("mutant/"):
@@ -124,6 +130,61 @@ def resolve_adapter(name: str, *, greedy: bool = False, protocol: str = "chain")
     if not isinstance(adapter, Adapter):
         raise AdapterNotFound(f"{name!r}: entry point does not give an Adapter")
     return adapter
+
+
+def _start(name: str, greedy: bool, protocol: str, in_process: bool | None) -> TargetWorker | None:
+    """A started worker for ``name``, or None when it runs in this process.
+
+    A name that cannot match anything (a malformed ``pkg.module:callable``, an unregistered
+    adapter) is refused here, before any process starts.
+
+    Raises:
+        AdapterNotFound: such a name.
+        ValueError: an unknown protocol.
+    """
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"protocol: must be one of {', '.join(PROTOCOLS)}, got {protocol!r}")
+    if in_process if in_process is not None else runs_in_process(name):
+        return None
+    if ":" in name:
+        module_name, _, attribute = name.partition(":")
+        if not module_name or not attribute:
+            raise AdapterNotFound(f"{name!r}: expected 'pkg.module:callable'")
+    elif not name.startswith("mutant/") and name not in registered_adapters():
+        return None
+    return start_worker(name, greedy=greedy, protocol=protocol, resolver=f"{__name__}:load_adapter")
+
+
+def resolve_adapter(
+    name: str, *, greedy: bool = False, protocol: str = "chain", in_process: bool | None = None
+) -> Adapter:
+    """The adapter for a target name: loaded here, or in a worker process whose proxies it holds.
+
+    Args:
+        name: a registered adapter name, ``mutant/<name>`` (a mutant of the zoo,
+            :mod:`losslessness.zoo`) or ``pkg.module:callable``; the callable may
+            be an :class:`Adapter` or a verifier function.
+        greedy: a bare function follows the greedy protocol instead of the chain protocol.
+        protocol: the protocol a bare function follows, one of :data:`PROTOCOLS`
+            (``"tree"``: :class:`~losslessness.protocol.TreeVerifier`, ``"greedy-tree"``:
+            :class:`~losslessness.protocol.GreedyTreeVerifier`); ``greedy=True`` is
+            ``"greedy"``.
+        in_process: True loads the target in this process (``--in-process``, the device
+            checks), False in a worker process; None: :func:`runs_in_process` decides.
+
+    Returns:
+        The :class:`Adapter`.
+
+    Raises:
+        AdapterNotFound: nothing matches ``name``.
+        AdapterUnavailable: the adapter exists but cannot load (e.g. package missing; its
+            module raised, exited or crashed while being imported).
+        ValueError: naming ``protocol``, when it is not one of :data:`PROTOCOLS`.
+    """
+    worker = _start(name, greedy, protocol, in_process)
+    if worker is None:
+        return load_adapter(name, greedy=greedy, protocol=protocol)
+    return worker.adapter()
 
 
 @dataclass(frozen=True)
@@ -149,6 +210,7 @@ def resolve_targets(
     tree: Sequence[str] = (),
     tree_greedy: Sequence[str] = (),
     default: Sequence[str] | None = None,
+    in_process: bool | None = None,
 ) -> list[Adapter | UnavailableTarget]:
     """The targets of a run: adapters, or placeholders for those that did not load.
 
@@ -161,6 +223,8 @@ def resolve_targets(
         default: the names audited when ``names``, ``tree`` and ``tree_greedy`` are all empty
             (the audit's defaults, as named targets); None: every registered adapter, each one
             UNAVAILABLE rather than ERROR when it cannot load here (the nightly).
+        in_process: as for :func:`resolve_adapter`; the worker processes start together, so
+            their loading overlaps.
 
     Returns:
         One entry per name, in order: its adapter, or an :class:`UnavailableTarget`.
@@ -178,22 +242,54 @@ def resolve_targets(
     listed = [name for name, _ in wanted]
     if len(set(listed)) != len(listed):
         raise ValueError(f"targets: names repeat: {listed}")
-    resolved: list[Adapter | UnavailableTarget] = []
-    for name, protocol in wanted:
+    resolved: dict[int, Adapter | UnavailableTarget] = {}
+
+    def settle(index: int, load: Callable[[], Adapter]) -> None:
+        name = wanted[index][0]
         try:
-            resolved.append(resolve_adapter(name, protocol=protocol))
+            resolved[index] = load()
         except AdapterNotFound as error:
             raise ValueError(f"targets: {error}") from error
         except AdapterUnavailable as error:
-            resolved.append(UnavailableTarget(name, str(error), named=named))
-    return resolved
+            resolved[index] = UnavailableTarget(name, str(error), named=named)
+
+    isolated: list[int] = []
+    for index, (name, protocol) in enumerate(wanted):
+        if in_process if in_process is not None else runs_in_process(name):
+            settle(index, partial(load_adapter, name, protocol=protocol))
+        else:
+            isolated.append(index)
+    # Workers load a few at a time: every one imports torch, and a night tries every
+    # registered adapter.
+    for first in range(0, len(isolated), STARTING_AT_ONCE):
+        batch = isolated[first : first + STARTING_AT_ONCE]
+        workers: dict[int, TargetWorker] = {}
+        try:
+            for index in batch:
+                name, protocol = wanted[index]
+                worker = _start(name, False, protocol, False)
+                if worker is None:
+                    # A name nothing matches: load_adapter says so without importing anything.
+                    settle(index, partial(load_adapter, name, protocol=protocol))
+                else:
+                    workers[index] = worker
+            for index, worker in workers.items():
+                settle(index, worker.adapter)
+        except BaseException:
+            for worker in workers.values():
+                worker.close()
+            raise
+    return [resolved[index] for index in range(len(wanted))]
 
 
 __all__ = [
     "ENTRY_POINT_GROUP",
+    "IN_PROCESS_TARGETS",
     "UnavailableTarget",
+    "load_adapter",
     "load_callable",
     "registered_adapters",
     "resolve_adapter",
     "resolve_targets",
+    "runs_in_process",
 ]

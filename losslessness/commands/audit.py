@@ -34,9 +34,11 @@ def resolve_named_targets(
     greedy: bool,
     tree: tuple[str, ...] = (),
     tree_greedy: tuple[str, ...] = (),
+    in_process: bool = False,
 ) -> list[Adapter | UnavailableTarget]:
     """The targets a user named (:data:`DEFAULT_TARGETS` when none, and no ``--tree`` or
-    ``--tree-greedy`` target either), through :func:`losslessness.targets.resolve_targets`.
+    ``--tree-greedy`` target either), through :func:`losslessness.targets.resolve_targets`
+    (each in the audit's own process with ``in_process``, else where its rule says).
 
     Raises:
         click.UsageError: a name that matches no adapter and no ``pkg.module:callable``, or a
@@ -44,7 +46,8 @@ def resolve_named_targets(
     """
     try:
         return resolve_targets(
-            names, greedy=greedy, tree=tree, tree_greedy=tree_greedy, default=DEFAULT_TARGETS
+            names, greedy=greedy, tree=tree, tree_greedy=tree_greedy, default=DEFAULT_TARGETS,
+            in_process=True if in_process else None,
         )
     except ValueError as error:
         raise click.UsageError(str(error)) from error
@@ -112,7 +115,9 @@ def audit_command(
     config = build_config(options)
     if json_path:
         check_output_file(Path(json_path), "--json")
-    resolved = resolve_named_targets(targets, greedy, tree_targets, tree_greedy_targets)
+    resolved = resolve_named_targets(
+        targets, greedy, tree_targets, tree_greedy_targets, options["in_process"]
+    )
     console = report_console()
     try:
         with progress_bar("verify steps", quiet=no_progress) as update:

@@ -259,7 +259,9 @@ def nightly_command(
     console = Console(stderr=True)
     try:
         plan, deadline, claim = make_budgeted_plan(
-            config, announce=lambda text: console.print(f"time budget: {text}")
+            config,
+            announce=lambda text: console.print(f"time budget: {text}"),
+            in_process=options["in_process"],
         )
     except ValueError as error:
         raise click.UsageError(str(error)) from error

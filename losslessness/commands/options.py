@@ -94,8 +94,16 @@ _DESIGN_OPTIONS = (
         type=float,
         default=DEFAULT_TIMEOUT_S,
         show_default=True,
-        help="Seconds one call of a target may take; a longer call is an ERROR for its check "
-        "and the target's remaining checks are skipped (exit code 3).",
+        help="Seconds one call of a target may take; a longer call is an ERROR for its case "
+        "(exit code 3): a target in a worker process is killed and restarted for its other "
+        "cases, an in-process one has its remaining checks skipped.",
+    ),
+    click.option(
+        "--in-process",
+        is_flag=True,
+        help="Debugging: run every target in the audit's own process (by default every target "
+        "but the reference, the toy loops and the zoo runs in a worker process, where an exit, "
+        "a crash, a hang or a monkeypatch cannot touch the audit).",
     ),
 )
 
@@ -109,7 +117,8 @@ def design_options(function: _F) -> _F:
 
 def build_config(values: dict[str, Any], **extra: Any) -> RunConfig:
     """The :class:`RunConfig` of the shared options in ``values`` (a command's keyword
-    arguments) plus ``extra`` fields (None keeps the default).
+    arguments) plus ``extra`` fields (None keeps the default). ``--in-process`` is not part of
+    the design: the commands pass it to :func:`losslessness.targets.resolve_targets`.
 
     Raises:
         click.BadParameter: an unknown check id in ``--only``.

@@ -56,7 +56,9 @@ def plan_command(
     budget, every chain case's steps and chunks, the end-to-end sequences, the unit grid."""
     config = build_config(options, step_multiplier=budget)
     try:
-        plan = plan_run(config, resolve_named_targets(targets, greedy))
+        plan = plan_run(
+            config, resolve_named_targets(targets, greedy, in_process=options["in_process"])
+        )
     except ValueError as error:
         raise click.UsageError(str(error)) from error
     record = plan.record

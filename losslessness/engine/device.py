@@ -437,7 +437,8 @@ def load_device_adapter(name: str, device: str) -> ChainVerifier:
             chain verifier, or is not registered (entry points not installed).
     """
     try:
-        chain = resolve_adapter(name).chain
+        # In this process: the candidates get device tensors and coupling uniforms directly.
+        chain = resolve_adapter(name, in_process=True).chain
     except AdapterNotFound as error:
         raise AdapterUnavailable(str(error)) from error
     if chain is None:

@@ -2,7 +2,10 @@
 of a target goes through :func:`call_target`, which bounds its time.
 
 This is the only place of the engine that calls a target's verifier or generator (the device
-checks' candidates excepted, :mod:`losslessness.engine.device`).
+checks' candidates excepted, :mod:`losslessness.engine.device`). The errors a call raises
+(:class:`ProtocolViolation`, :class:`TargetTimeout`, :class:`TargetCrashed`,
+:class:`TargetRaised`) are defined with the worker process (:mod:`losslessness.worker`), which
+raises them too.
 """
 
 from __future__ import annotations
@@ -29,6 +32,11 @@ from losslessness.protocol import (
 from losslessness.reference.sampling import sample_inverse_cdf
 from losslessness.samples import ChainSamples, TreeSamples
 from losslessness.seeding import derive_seed
+from losslessness.worker import ProtocolViolation as ProtocolViolation
+from losslessness.worker import RemoteCallable
+from losslessness.worker import TargetCrashed as TargetCrashed
+from losslessness.worker import TargetRaised as TargetRaised
+from losslessness.worker import TargetTimeout as TargetTimeout
 
 BATCH_ELEMENT_BUDGET = 1 << 22
 """Upper bound on ``B * (2k+1) * V`` per verifier call (32 MiB of float64 inputs), so that a
@@ -36,14 +44,6 @@ call's inputs stay small whatever V is, while small-V cases still get batches of
 
 
 _T = TypeVar("_T")
-
-
-class ProtocolViolation(Exception):
-    """The verifier returned something that is not a ``[B, k+1]`` integer array."""
-
-
-class TargetTimeout(TimeoutError):
-    """A call of the target took longer than the run's per-call timeout (``--timeout``)."""
 
 
 def _timeout_message(function: Callable[..., Any], timeout_s: float) -> str:
@@ -57,9 +57,12 @@ def _timeout_message(function: Callable[..., Any], timeout_s: float) -> str:
 def call_target(function: Callable[..., _T], *args: Any, timeout_s: float | None) -> _T:
     """``function(*args)``, given at most ``timeout_s`` seconds.
 
-    In the main thread the call runs there, under a ``SIGALRM`` interval timer whose handler
-    raises :class:`TargetTimeout` (the call keeps the thread's torch and OpenMP state: calling
-    from a fresh thread made small-op targets such as transformers' about twice as slow). The
+    A target in a worker process (a :class:`~losslessness.worker.RemoteCallable`) is called
+    there: past ``timeout_s`` the worker is killed and the next call starts a fresh one
+    (:meth:`losslessness.worker.TargetWorker.call`). In the main thread the call runs there,
+    under a ``SIGALRM`` interval timer whose handler raises :class:`TargetTimeout` (the call
+    keeps the thread's torch and OpenMP state: calling from a fresh thread made small-op
+    targets such as transformers' about twice as slow). The
     timer interrupts Python code and interruptible waits (``time.sleep``, I/O); a hang inside
     one C call is interrupted when that call returns. Outside the main thread (signals cannot
     be used there) the call runs in a daemon thread that the run stops waiting for.
@@ -74,8 +77,14 @@ def call_target(function: Callable[..., _T], *args: Any, timeout_s: float | None
 
     Raises:
         TargetTimeout: the call did not return within ``timeout_s``.
-        Exception: whatever ``function`` raised, unchanged.
+        TargetCrashed: the worker process of an isolated target exited or died in the call.
+        ProtocolViolation: an isolated target wrote into its input tensors.
+        Exception: whatever ``function`` raised, unchanged (an isolated target's exceptions
+            as :class:`~losslessness.worker.TargetRaised`, but for the protocol's own).
     """
+    if isinstance(function, RemoteCallable):
+        value: _T = function.call(args, timeout_s)
+        return value
     if timeout_s is None:
         return function(*args)
     if threading.current_thread() is threading.main_thread():
@@ -105,8 +114,8 @@ def call_target(function: Callable[..., _T], *args: Any, timeout_s: float | None
         raise TargetTimeout(_timeout_message(function, timeout_s))
     if "error" in outcome:
         raise outcome["error"]
-    value: _T = outcome["value"]
-    return value
+    returned: _T = outcome["value"]
+    return returned
 
 
 def rows_per_call(case: ChainCase) -> int:

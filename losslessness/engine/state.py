@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from losslessness.adapters import NotApplicable
-from losslessness.engine.draw import TargetTimeout
+from losslessness.engine.draw import TargetCrashed, TargetRaised, TargetTimeout
 from losslessness.engine.plan import PlanRecord, RunPlan
 from losslessness.engine.shards import FailureKind, ShardSpec, UnitRecord
 from losslessness.engine.tables import CountTable
@@ -25,10 +25,16 @@ ProgressCallback = Callable[[int, int, str], None]
 
 
 def failure_message(error: BaseException) -> str:
-    """What a unit record says of a target's exception: a hang, or the exception and where
-    it was raised (in full: :meth:`UnitRecord.fail` shortens it once, where it is recorded)."""
+    """What a unit record says of a target's exception: a hang, a crash of its worker process,
+    or the exception and where it was raised (in full: :meth:`UnitRecord.fail` shortens it
+    once, where it is recorded)."""
     if isinstance(error, TargetTimeout):
         return f"target hung: {error}"
+    if isinstance(error, TargetCrashed):
+        return f"target crashed: {error}"
+    if isinstance(error, TargetRaised):
+        location = f" at {error.location}" if error.location else ""
+        return f"target raised {error.type_name}: {error.message}{location}"
     where = traceback.extract_tb(error.__traceback__)[-1] if error.__traceback__ else None
     location = f" at {where.filename}:{where.lineno}" if where else ""
     try:
@@ -76,8 +82,8 @@ class ShardState:
         work_dir: where suite units run.
         spec: which shard.
         deadline: ``time.perf_counter()`` value at which chain sampling stops, or None.
-        hung: targets that outlasted ``config.timeout_s``, with the failure (never called
-            again).
+        hung: in-process targets that outlasted ``config.timeout_s``, with the failure (never
+            called again).
         decided: targets already LOSSY on evidence (early stop), with the reason.
         chunks: the chain chunks' count tables, by (target, case id), in chunk order.
     """
@@ -94,12 +100,14 @@ class ShardState:
 
 def record_target_error(state: ShardState, record: UnitRecord, error: BaseException) -> None:
     """Record in ``record`` that its target raised ``error``: not applicable (its checks
-    SKIPPED), else an error; a hang also marks the target hung for the rest of the shard."""
+    SKIPPED), else an error. A hang of an in-process target also marks the target hung for the
+    rest of the shard (its call may still be running in the audit's thread); a target in a
+    worker process was killed and restarts at its next call, so its other cases still run."""
     if isinstance(error, NotApplicable):
         record.fail(FailureKind.NOT_APPLICABLE, error.skip_message)
         return
     record.fail(FailureKind.ERROR, failure_message(error))
-    if isinstance(error, TargetTimeout):
+    if isinstance(error, TargetTimeout) and not error.worker_killed:
         state.hung[record.target] = str(record.failure)
 
 

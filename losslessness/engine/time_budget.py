@@ -632,16 +632,22 @@ def _kept_cases(plan: RunPlan, dropped: Sequence[str]) -> list[str]:
 
 
 def make_budgeted_plan(
-    config: RunConfig, greedy: bool = False, announce: Callable[[str], None] | None = None
+    config: RunConfig,
+    greedy: bool = False,
+    announce: Callable[[str], None] | None = None,
+    in_process: bool = False,
 ) -> tuple[RunPlan, float | None, str | None]:
     """:func:`make_plan`, fitted to ``config.time_budget_s`` when set
-    (:func:`plan_within_budget`).
+    (:func:`plan_within_budget`); ``in_process`` loads every target in this process
+    (``--in-process``).
 
     Raises:
         ValueError: unknown or repeated target names, or unknown case ids.
     """
     note = load_device_checks()[1] if config.device_checks else None
-    targets = resolve_targets(config.targets, greedy=greedy)
+    targets = resolve_targets(
+        config.targets, greedy=greedy, in_process=True if in_process else None
+    )
     return plan_within_budget(config, targets, note, announce)
 
 

@@ -174,17 +174,21 @@ def failure_message(case: ChainCase, result: CheckResult, budget: SuiteBudget, r
     return "\n".join(lines)
 
 
-def run_chain_example(adapter: Adapter, case: ChainCase, replay: str) -> None:
-    """Run every chain check on one case and fail on the first LOSSY result.
+def run_chain_example(
+    adapter: Adapter, case: ChainCase, replay: str, timeout_s: float | None = None
+) -> None:
+    """Run every chain check on one case and fail on the first LOSSY result; each verifier
+    call may take ``timeout_s`` seconds (None: no limit).
 
     Raises:
         AssertionError: with :func:`failure_message` of the first LOSSY result.
+        TargetTimeout: a call took longer than ``timeout_s``.
     """
     assert adapter.chain is not None
     budget = suite_budget()
     seed = derive_seed(0, SUITE_CHECK_ID, case.case_hash)
     note(f"case {case.summary}, hash {case.case_hash}, seed {seed}")
-    samples = sample_chain(adapter.chain, case, STEPS_PER_ROW, seed)
+    samples = sample_chain(adapter.chain, case, STEPS_PER_ROW, seed, timeout_s=timeout_s)
     context = CheckContext.for_case(
         adapter.name, case, alpha=budget.per_assertion_alpha, power=0.9, tv=0.1, seed=seed
     )

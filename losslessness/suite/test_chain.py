@@ -20,5 +20,6 @@ def test_chain_verifier_is_lossless(case: ChainCase, losslessness_target: SuiteT
     outputs are well-formed, and identical rows of a batch are independent (first on the
     explicit witness case, where a wrong residual after an accepted prefix shows)."""
     run_chain_example(
-        losslessness_target.chain(), case, losslessness_target.replay("test_chain_verifier")
+        losslessness_target.chain(), case, losslessness_target.replay("test_chain_verifier"),
+        losslessness_target.call_timeout_s,
     )

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 
 from losslessness.cases import GreedyCase
-from losslessness.engine.draw import ProtocolViolation, coerce_output
+from losslessness.engine.draw import ProtocolViolation, call_target, coerce_output
 from losslessness.pytest_plugin import SuiteTarget
 from losslessness.reference import verify_greedy
 from losslessness.suite.support import greedy_failure
@@ -26,7 +26,10 @@ def test_greedy_verifier_equals_argmax_decoding(
     logits, drafts = case.target_logits, case.draft_token_ids
     expected = verify_greedy(logits, drafts).numpy()
     try:
-        got = coerce_output(verifier(logits.clone(), drafts.clone()), *drafts.shape)
+        returned = call_target(
+            verifier, logits.clone(), drafts.clone(), timeout_s=losslessness_target.call_timeout_s
+        )
+        got = coerce_output(returned, *drafts.shape)
     except ProtocolViolation as violation:
         pytest.fail(f"losslessness: LOSSY greedy structure: {violation}")
     message = greedy_failure(

@@ -57,7 +57,10 @@ def test_tree_verifier_is_lossless(
     token follows p at the root and the token after each reached depth-1 class follows its p,
     for every draft scheme, topology and regime of p and q (and first on the explicit witness
     cases, where the schemes' rules differ most)."""
-    run_tree_example(tree_verifier, case, losslessness_target.replay("test_tree_verifier"))
+    run_tree_example(
+        tree_verifier, case, losslessness_target.replay("test_tree_verifier"),
+        losslessness_target.call_timeout_s,
+    )
 
 
 @settings(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -73,5 +76,6 @@ def test_greedy_tree_verifier_is_greedy_decoding(
     message = greedy_tree_failure(
         greedy_tree_verifier, case,
         losslessness_target.replay("test_greedy_tree_verifier"),
+        losslessness_target.call_timeout_s,
     )
     assert message is None, message

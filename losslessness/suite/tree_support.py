@@ -217,9 +217,12 @@ def _law_failure(
     return where, lines
 
 
-def run_tree_example(verifier: TreeVerifier, case: TreeCase, replay: str) -> None:
-    """Sample ``case`` on ``verifier`` with the engine's sampler and decide with the engine's
-    structure and law checks (the suite's classes and level); fail on the first violation.
+def run_tree_example(
+    verifier: TreeVerifier, case: TreeCase, replay: str, timeout_s: float | None = None
+) -> None:
+    """Sample ``case`` on ``verifier`` with the engine's sampler (each call within
+    ``timeout_s`` seconds; None: no limit) and decide with the engine's structure and law
+    checks (the suite's classes and level); fail on the first violation.
 
     Raises:
         TreeFailure: with the check, the tree (parents and edges), p (and q), the observed
@@ -231,7 +234,7 @@ def run_tree_example(verifier: TreeVerifier, case: TreeCase, replay: str) -> Non
          f"seed {seed}")
     structure_header = _header(TREE_STRUCTURE_CHECK_ID, "", case, case.parents)
     try:
-        samples = sample_tree(verifier, case, TREE_STEPS, seed)
+        samples = sample_tree(verifier, case, TREE_STEPS, seed, timeout_s)
     except ProtocolViolation as violation:
         raise TreeFailure("\n".join([*structure_header, f"  {violation}",
                                      *_footer(case, seed, replay)])) from None
@@ -249,17 +252,18 @@ def run_tree_example(verifier: TreeVerifier, case: TreeCase, replay: str) -> Non
 
 
 def greedy_tree_failure(
-    verifier: GreedyTreeVerifier, case: GreedyTreeCase, replay: str
+    verifier: GreedyTreeVerifier, case: GreedyTreeCase, replay: str,
+    timeout_s: float | None = None,
 ) -> str | None:
     """The message for the first tree where ``verifier`` breaks greedy decoding (a token that
     is not the argmax at its node, a path not in the tree: :func:`losslessness.checks.
     tree_greedy.check_tree_greedy` is LOSSY) or returns a malformed output, or None. Any
     duplicate child carrying the argmax is a correct continuation, and stopping early only
-    wastes drafts."""
+    wastes drafts. The call may take ``timeout_s`` seconds (None: no limit)."""
     logits, ids = case.target_logits, case.token_ids
     header = _header(TREE_GREEDY_CHECK_ID, "", case, tuple(case.parents[0].tolist()))
     try:
-        tokens, accepted = sample_greedy_tree(verifier, case)
+        tokens, accepted = sample_greedy_tree(verifier, case, timeout_s)
     except ProtocolViolation as violation:
         return "\n".join([*header, f"  malformed output: {violation}", f"  replay: {replay}"])
     context = _context(verifier, case, suite_budget().per_assertion_alpha, 0)

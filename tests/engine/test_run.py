@@ -246,7 +246,11 @@ def test_interrupted_audit_keeps_finished_results_and_is_never_lossless(tmp_path
     out = tmp_path / "interrupted.json"
     options = [f"--case={case}" for case in cases] + ["--steps", "2000", "--no-progress"]
     cli = CliRunner().invoke(
-        main, ["audit", "tests.engine.test_run:CTRL_C_TARGET", *options, "--json", str(out)]
+        main,
+        # In process: the target is this module's global, set above (a worker would import
+        # the module afresh), and its KeyboardInterrupt stands for the user's Ctrl-C.
+        ["audit", "tests.engine.test_run:CTRL_C_TARGET", "--in-process", *options, "--json",
+         str(out)],
     )
     assert cli.exit_code == 130, cli.output
     assert "INCOMPLETE" in cli.output and "v2-tilted" in cli.output
