@@ -22,7 +22,7 @@ from reports.figures import (
     VERDICT_COLORS,
     report_figures,
 )
-from reports.terminal import format_number
+from reports.terminal import format_number, verdict_line
 from reports.trends import CheckTrend, Trends
 
 HISTORY_COLUMNS = 10
@@ -136,6 +136,8 @@ def render_html(
         targets.append(
             {
                 "target": target,
+                "verdict_line": verdict_line(result, target),
+                "expected": "-" if target.expected is None else target.expected.value,
                 "figures": figures,
                 "rows": [_check_row(result, check) for check in target.checks],
                 "counts": {

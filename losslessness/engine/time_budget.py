@@ -447,6 +447,7 @@ def fit_time_budget(
         tv=tv,
         max_steps=steps_cap or config.max_steps,
         cases=tuple(sorted(_kept_cases(plan, dropped))) if dropped else config.cases,
+        dropped_cases=tuple(dropped),
     )
     estimate = {name: sum(by_case.values()) for name, by_case in seconds.items()}
     names = ", ".join(adapter.name for adapter in plan.adapters)
