@@ -10,7 +10,6 @@ from typing import Any
 
 import torch
 
-from losslessness.results import TargetVerdict
 from losslessness.protocol import (
     ChainVerifier,
     EndToEndGenerator,
@@ -19,6 +18,7 @@ from losslessness.protocol import (
     InvalidInputError,
     TreeVerifier,
 )
+from losslessness.results import TargetVerdict
 
 
 class AdapterUnavailable(RuntimeError):

@@ -346,8 +346,9 @@ def pair_state(first: np.ndarray, planned_steps: int) -> _PairState:
         categories = remap[categories]
         mass = mass[keep]
         n_categories = int(keep.sum())
+    masses = np.asarray(mass, dtype=np.float64)
     groupings = (
-        cell_partitions(mass, np.zeros(n_categories, dtype=bool)) if n_categories >= 2 else []
+        cell_partitions(masses, np.zeros(n_categories, dtype=bool)) if n_categories >= 2 else []
     )
     return _PairState(
         categories, n_categories, groupings, np.zeros(n_categories**2, dtype=np.int64)
