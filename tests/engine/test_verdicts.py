@@ -336,3 +336,36 @@ def test_nightly_exits_0_as_expected_and_5_when_a_lossy_by_design_target_passes(
     declared = next(t for t in record["targets"] if t["name"] == "declared-lossy")
     assert declared["expected_verdict"] == "LOSSY"
     assert "expected" in (out / "report.html").read_text()
+
+
+def test_vllm_benchmark_options_declare_they_are_lossy_by_design() -> None:
+    """vLLM's synthetic acceptance and FLy (v1 and v2 targets alike) declare LOSSY with the
+    reason; FLy also declares that it does not take k = 1; the default options declare
+    nothing (no vLLM import needed)."""
+    from losslessness.adapters.vllm import V1_OPTIONS, V2_OPTIONS
+
+    for options in (*V1_OPTIONS.values(), *V2_OPTIONS.values()):
+        exclusions, expected, reason = options.declarations()
+        assert (expected == "LOSSY") is (options.synthetic or options.fly)
+        assert (reason is None) is (expected is None)
+        assert (exclusions is not None) is options.fly
+
+
+@pytest.mark.slow
+def test_medusa_typical_is_expected_lossy_and_declares_its_draft_schemes() -> None:
+    """medusa-typical on a top-k and an i.i.d. tree case: LOSSY as its adapter declares (the
+    night's expectation met), the i.i.d. case not applicable by its declared exclusion (slow:
+    importing medusa-llm takes about 20 s here)."""
+    pytest.importorskip("medusa.model.utils")
+    from losslessness.adapters.medusa import TYPICAL_EXCLUSIONS, typical_adapter
+    from losslessness.engine import run_audit
+
+    result = run_audit(
+        [typical_adapter()], RunConfig(cases=("tree-star8-topk", "tree-chain-iid"), steps=512)
+    )
+    target = result.targets[0]
+    assert target.verdict is TargetVerdict.LOSSY and target.as_expected
+    assert target.exclusions == TYPICAL_EXCLUSIONS
+    refused = [c for c in target.checks if c.case_id == "tree-chain-iid"]
+    assert refused and all(c.message.startswith("not applicable: ") for c in refused)
+    assert night_exit_code(result) == 0
