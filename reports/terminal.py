@@ -144,8 +144,9 @@ def print_audit(result: AuditResult, console: Console | None = None) -> None:
     console = console or Console()
     config = result.config
     console.print(
-        f"[bold]losslessness audit[/] seed {config.seed}: every statistical check detects TV >= "
-        f"{config.tv:g} with power {config.power:g}; family-wise false-alarm rate "
+        f"[bold]losslessness audit[/] seed {config.seed}: design TV {config.tv:g} with power "
+        f"{config.power:g} (each target's verdict line states the TV its assertions reached); "
+        "family-wise false-alarm rate "
         f"{config.family_wise_alpha:g} split over {result.n_assertions} assertions -> "
         f"alpha {result.per_assertion_alpha:.3g} each (Bonferroni). Exact checks have no false "
         "alarms; 'min TV' for them is the smallest violation rate caught with that power, for "
