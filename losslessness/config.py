@@ -28,6 +28,41 @@ DEVICES = ("cpu", "cuda")
 SUITE_PROFILES = ("dev", "ci", "nightly")
 """Hypothesis profiles of the property suite."""
 
+CLI_FLAGS = {
+    "tv": "--tv",
+    "family_wise_alpha": "--alpha",
+    "power": "--power",
+    "seed": "--seed",
+    "only": "--only",
+    "cases": "--case",
+    "max_steps": "--max-steps",
+    "steps": "--steps",
+    "step_multiplier": "--budget",
+    "chunk_steps": "--chunk-steps",
+    "timeout_s": "--timeout",
+    "targets": "--targets",
+    "device": "--device",
+    "suite_profile": "--suite-profile",
+    "suite_targets": "--suite-targets",
+    "early_stop": "--early-stop",
+    "time_budget_s": "--time-budget",
+}
+"""The command-line flag that sets each :class:`RunConfig` field (the validation errors name
+the field; the commands report the flag, :func:`flag_of_error`)."""
+
+
+def flag_of_error(message: str) -> tuple[str | None, str]:
+    """Split a :class:`RunConfig` validation message (``"field: what is wrong"``) into the
+    command-line flag of its field (None when the field has no flag) and the rest, with every
+    other field name it mentions replaced by its flag."""
+    field_name, separator, rest = message.partition(": ")
+    flag = CLI_FLAGS.get(field_name) if separator else None
+    text = rest if flag is not None else message
+    for name, other in CLI_FLAGS.items():
+        text = text.replace(f"with {name} ", f"with {other} ")
+    return flag, text
+
+
 RENAMED_FIELDS = {"budget": "step_multiplier"}
 """Old name -> field of :class:`RunConfig`, for records written before a rename (report schema
 version 2 and plan version 4 called the step multiplier ``budget``)."""
@@ -124,6 +159,9 @@ class RunConfig(RunDesign):
             every target's throughput and the design TV is raised until the plan fits
             (:mod:`losslessness.engine.time_budget`); sampling stops at the budget. None: no
             budget.
+        dropped_cases: cases the time budget's fit dropped as too slow (set by the fit, never
+            by a user): the planned assertions did not all run, so no target can be LOSSLESS
+            (:func:`losslessness.results.design_shortfalls`).
 
     Raises:
         ValueError: naming the field, for values out of range.
@@ -144,6 +182,7 @@ class RunConfig(RunDesign):
     suite_targets: tuple[str, ...] | None = None
     early_stop: bool = True
     time_budget_s: float | None = None
+    dropped_cases: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -483,29 +483,165 @@ def check_from_dict(data: dict[str, Any]) -> CheckResult:
 
 
 class TargetVerdict(str, enum.Enum):
-    """Verdict on one target: LOSSLESS, LOSSY (any check LOSSY), SUBOPTIMAL (lossless but
-    accepts fewer drafts than sum min(p, q)), ERROR (crashed, or a target the user named could
+    """Verdict on one target: LOSSLESS (every planned assertion ran at the design's power and
+    none failed), LOSSY (any check LOSSY), SUBOPTIMAL (lossless but accepts fewer drafts than
+    sum min(p, q)), INCONCLUSIVE (nothing failed, but the design was not reached: no checks, a
+    step cap, a time budget that stopped or dropped cases, cases the target refused without
+    declaring it: :func:`design_shortfalls`), ERROR (crashed, or a target the user named could
     not load; nothing LOSSY), UNAVAILABLE (a registered adapter or an optional unit whose
-    package or device is missing here, or a target whose every check was SKIPPED, as when no
-    case of the run applies to it: nothing was tested, and the run's outcome ignores it),
-    INCOMPLETE (the run was interrupted before the target's planned samples were drawn, and
-    nothing finished was LOSSY: no LOSSLESS verdict can be given)."""
+    package or device is missing here, or a target whose every check was SKIPPED by its own
+    declared exclusions: nothing was tested, and the run's outcome ignores it), INCOMPLETE (the
+    run was interrupted before the target's planned samples were drawn, and nothing finished
+    was LOSSY: no LOSSLESS verdict can be given)."""
 
     LOSSLESS = "LOSSLESS"
     LOSSY = "LOSSY"
     SUBOPTIMAL = "SUBOPTIMAL"
+    INCONCLUSIVE = "INCONCLUSIVE"
     ERROR = "ERROR"
     UNAVAILABLE = "UNAVAILABLE"
     INCOMPLETE = "INCOMPLETE"
 
 
-def target_verdict(checks: Sequence[CheckResult], complete: bool = True) -> TargetVerdict:
+VERDICT_PRECEDENCE = (
+    TargetVerdict.LOSSY,
+    TargetVerdict.INCOMPLETE,
+    TargetVerdict.ERROR,
+    TargetVerdict.INCONCLUSIVE,
+    TargetVerdict.SUBOPTIMAL,
+)
+"""The run's verdict is the first of these that any target has (then LOSSLESS)."""
+
+EXIT_CODES = {
+    TargetVerdict.LOSSY: 1,
+    TargetVerdict.ERROR: 3,
+    TargetVerdict.INCONCLUSIVE: 4,
+    TargetVerdict.INCOMPLETE: 130,
+}
+"""Exit code of a run by its verdict (0 for the others: LOSSLESS, SUBOPTIMAL, UNAVAILABLE)."""
+
+NOT_APPLICABLE_PREFIX = "not applicable: "
+"""Message prefix of a check the target refused as not applicable
+(:class:`~losslessness.adapters.NotApplicable`)."""
+
+NOT_SAMPLED_PREFIXES = ("not sampled: ", "not run: ")
+"""Message prefixes of a check whose samples were never drawn (a time budget's deadline, an
+interrupt, a target already decided)."""
+
+TV_TOLERANCE = 1.0001
+"""A reached TV within this factor of the design's counts as reaching it (float rounding)."""
+
+
+def is_not_applicable(check: CheckResult) -> bool:
+    """Whether ``check`` was SKIPPED because the target refused its case as not applicable."""
+    return check.verdict is Verdict.SKIPPED and check.message.startswith(NOT_APPLICABLE_PREFIX)
+
+
+def _capped_by_user(check: CheckResult, config: RunConfig) -> bool:
+    """Whether the run's ``max_steps`` (``--max-steps``, or a time budget's cap) cut the
+    check's steps below what its design asked for; a cap the battery or the adapter builds into
+    the CI plan (trees, end-to-end sequences) is part of the design and stated with the reached
+    TV instead."""
+    details = check.details
+    if not details.get("capped"):
+        return False
+    ci_steps = details.get("ci_steps")
+    if ci_steps is None:
+        # End-to-end sequence checks record the sequences drawn ("steps") only.
+        ci_steps = details.get("steps")
+    return ci_steps is not None and int(ci_steps) >= config.max_steps
+
+
+def design_shortfalls(
+    checks: Sequence[CheckResult], config: RunConfig, exclusions: str | None = None
+) -> list[str]:
+    """Why a target's planned assertions did not all run at the design's power, read from its
+    record alone (so a saved record, a report and a merge all give the same verdict).
+
+    Args:
+        checks: the target's check results.
+        config: the run's design (``max_steps`` is the cap the user chose).
+        exclusions: the cases the target's adapter declares it does not take, or None; its
+            not-applicable checks then fall short of nothing (they are stated instead).
+
+    Returns:
+        One sentence per kind of shortfall, empty when the design was reached: no checks, a
+        step cap, samples not drawn or fewer than planned (a time budget's deadline), cases
+        dropped by the time budget, cases the target refused as not applicable without having
+        declared it.
+    """
+    if not checks:
+        return ["no checks ran"]
+    reasons = []
+    refused = {c.case_id for c in checks if is_not_applicable(c)}
+    if refused and exclusions is None:
+        reasons.append(
+            f"{len(refused)} cases not applicable to the target (undeclared): "
+            + ", ".join(sorted(refused))
+        )
+    unsampled = {
+        c.case_id
+        for c in checks
+        if c.verdict is Verdict.SKIPPED and c.message.startswith(NOT_SAMPLED_PREFIXES)
+    }
+    if unsampled:
+        reasons.append(f"{len(unsampled)} cases not sampled: " + ", ".join(sorted(unsampled)))
+    capped = {c.case_id for c in checks if _capped_by_user(c, config)}
+    if capped:
+        reasons.append(
+            f"{len(capped)} cases capped at {config.max_steps} steps (--max-steps, or the time "
+            "budget's cap) below their design: "
+            + ", ".join(sorted(capped))
+        )
+    short = {
+        c.case_id
+        for c in checks
+        if c.verdict is not Verdict.SKIPPED
+        and isinstance(c.details.get("planned_steps"), int)
+        and isinstance(c.details.get("steps"), int)
+        and c.details["steps"] < c.details["planned_steps"]
+    }
+    if short:
+        reasons.append(
+            f"{len(short)} cases sampled fewer steps than planned: " + ", ".join(sorted(short))
+        )
+    if config.dropped_cases:
+        reasons.append(
+            "cases dropped by the time budget: " + ", ".join(config.dropped_cases)
+        )
+    return reasons
+
+
+def reached_tv(checks: Sequence[CheckResult]) -> float | None:
+    """The design a target's statistical assertions reached: the largest minimum detectable TV
+    among those that ran (each detects a TV at least that large with the design's power), or
+    None when none ran. Assertions with nothing detectable on their LOSSY side (an infinite
+    minimum detectable TV, such as an acceptance bound of 1, or the run-level p-value test)
+    state no TV and are left out."""
+    values = [
+        check.min_detectable_tv
+        for check in checks
+        if check.kind is CheckKind.STATISTICAL
+        and check.verdict is not Verdict.SKIPPED
+        and check.verdict is not Verdict.ERROR
+        and check.n > 0
+        and math.isfinite(check.min_detectable_tv)
+    ]
+    return max(values) if values else None
+
+
+def target_verdict(
+    checks: Sequence[CheckResult],
+    complete: bool = True,
+    shortfalls: Sequence[str] = (),
+) -> TargetVerdict:
     """A target's verdict from its checks: LOSSY if any check is LOSSY (finished evidence holds
     even in an interrupted run), else INCOMPLETE when ``complete`` is False, else ERROR if any
-    is ERROR, else SUBOPTIMAL if any is SUBOPTIMAL, else UNAVAILABLE when there are checks and
-    every one is SKIPPED (nothing was tested, for example every case was not applicable to the
-    target: no LOSSLESS verdict can be given), else LOSSLESS (also for no checks). SKIPPED
-    checks beside others decide nothing: the others do."""
+    is ERROR, else UNAVAILABLE when there are checks, every one is SKIPPED and there is no
+    shortfall (every case was excluded by the target's own declaration), else INCONCLUSIVE when
+    the design was not reached (``shortfalls``, :func:`design_shortfalls`), else SUBOPTIMAL if
+    any is SUBOPTIMAL, else LOSSLESS. SKIPPED checks beside others decide nothing: the others
+    do."""
     verdicts = {check.verdict for check in checks}
     if Verdict.LOSSY in verdicts:
         return TargetVerdict.LOSSY
@@ -513,10 +649,12 @@ def target_verdict(checks: Sequence[CheckResult], complete: bool = True) -> Targ
         return TargetVerdict.INCOMPLETE
     if Verdict.ERROR in verdicts:
         return TargetVerdict.ERROR
+    if verdicts == {Verdict.SKIPPED} and not shortfalls:
+        return TargetVerdict.UNAVAILABLE
+    if shortfalls:
+        return TargetVerdict.INCONCLUSIVE
     if Verdict.SUBOPTIMAL in verdicts:
         return TargetVerdict.SUBOPTIMAL
-    if verdicts == {Verdict.SKIPPED}:
-        return TargetVerdict.UNAVAILABLE
     return TargetVerdict.LOSSLESS
 
 
@@ -538,6 +676,12 @@ class TargetResult:
             verdict, with after how many steps; the time budget), else None.
         full_messages: the full text of every message of the target that was shortened where
             it was recorded (:func:`shorten_message`), once each, by :func:`message_key`.
+        exclusions: the cases the target's adapter declares it does not take (its
+            not-applicable checks are then stated, not a shortfall), else None.
+        expected_verdict: the verdict the adapter declares it should get (``LOSSY`` for a
+            target lossy by design), else None (LOSSLESS expected). Records written before
+            the field existed read as None.
+        expected_reason: why, when ``expected_verdict`` is set.
     """
 
     name: str
@@ -551,6 +695,31 @@ class TargetResult:
     error: str | None = None
     stopped_early: str | None = None
     full_messages: dict[str, str] = field(default_factory=dict)
+    exclusions: str | None = None
+    expected_verdict: str | None = None
+    expected_reason: str | None = None
+
+    @property
+    def expected(self) -> TargetVerdict | None:
+        """The verdict the target should get when it is audited: the adapter's declaration, else
+        LOSSLESS (SUBOPTIMAL also counts as lossless); None when it was not audited
+        (UNAVAILABLE: nothing to compare)."""
+        if self.verdict is TargetVerdict.UNAVAILABLE:
+            return None
+        if self.expected_verdict is not None:
+            return TargetVerdict(self.expected_verdict)
+        return TargetVerdict.LOSSLESS
+
+    @property
+    def as_expected(self) -> bool:
+        """Whether the verdict is the expected one (SUBOPTIMAL meets a LOSSLESS expectation;
+        an UNAVAILABLE target meets every expectation: it decides nothing)."""
+        expected = self.expected
+        if expected is None:
+            return True
+        if expected is TargetVerdict.LOSSLESS:
+            return self.verdict in (TargetVerdict.LOSSLESS, TargetVerdict.SUBOPTIMAL)
+        return self.verdict is expected
 
 
 @dataclass
@@ -579,18 +748,17 @@ class AuditResult:
 
     @property
     def verdict(self) -> TargetVerdict:
-        """The run's overall verdict: LOSSY, else INCOMPLETE (an interrupted run), else ERROR,
-        else SUBOPTIMAL, else LOSSLESS over the targets that ran; UNAVAILABLE only when every
-        target was unavailable (LOSSLESS for a run without targets)."""
+        """The run's overall verdict: the first of :data:`VERDICT_PRECEDENCE` (LOSSY,
+        INCOMPLETE, ERROR, INCONCLUSIVE, SUBOPTIMAL) any target has, else LOSSLESS over the
+        targets that ran; UNAVAILABLE only when every target was unavailable (those a user
+        named are ERROR, never UNAVAILABLE); INCONCLUSIVE for a run without targets (nothing
+        was audited)."""
         verdicts = {target.verdict for target in self.targets}
-        for verdict in (
-            TargetVerdict.LOSSY,
-            TargetVerdict.INCOMPLETE,
-            TargetVerdict.ERROR,
-            TargetVerdict.SUBOPTIMAL,
-        ):
+        for verdict in VERDICT_PRECEDENCE:
             if verdict in verdicts:
                 return verdict
+        if not verdicts:
+            return TargetVerdict.INCONCLUSIVE
         if verdicts == {TargetVerdict.UNAVAILABLE}:
             return TargetVerdict.UNAVAILABLE
         return TargetVerdict.LOSSLESS
@@ -598,9 +766,15 @@ class AuditResult:
     @property
     def exit_code(self) -> int:
         """0 lossless (SUBOPTIMAL included), 1 any target LOSSY, 3 any target crashed or a named
-        target could not load, 130 the run was interrupted (Ctrl-C) with nothing LOSSY."""
-        codes = {TargetVerdict.LOSSY: 1, TargetVerdict.ERROR: 3, TargetVerdict.INCOMPLETE: 130}
-        return codes.get(self.verdict, 0)
+        target could not load, 4 INCONCLUSIVE (a target's design was not reached), 130 the run
+        was interrupted (Ctrl-C) with nothing LOSSY (:data:`EXIT_CODES`)."""
+        return EXIT_CODES.get(self.verdict, 0)
+
+    @property
+    def unexpected(self) -> list[TargetResult]:
+        """Targets whose verdict differs from their expectation (:attr:`TargetResult.as_expected`):
+        what makes a night red."""
+        return [target for target in self.targets if not target.as_expected]
 
 
 def design_note(config: RunConfig) -> str:

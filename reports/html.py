@@ -27,7 +27,7 @@ from reports.figures import (
     VERDICT_COLORS,
     report_figures,
 )
-from reports.terminal import format_number
+from reports.terminal import format_number, verdict_line
 from reports.text import html_finalize
 from reports.trends import CheckTrend, Trends
 
@@ -143,6 +143,8 @@ def render_html(
         targets.append(
             {
                 "target": target,
+                "verdict_line": verdict_line(result, target),
+                "expected": "-" if target.expected is None else target.expected.value,
                 "figures": [
                     dataclasses.replace(figure, data_uri=Markup(figure.data_uri))
                     for figure in figures

@@ -10,7 +10,15 @@ environment values) is literal Markdown through :func:`reports.text.markdown_tex
 
 from __future__ import annotations
 
-from losslessness.results import AuditResult, CheckKind, CheckResult, Verdict, design_note
+from losslessness.results import (
+    AuditResult,
+    CheckKind,
+    CheckResult,
+    TargetResult,
+    Verdict,
+    design_note,
+)
+from reports.terminal import verdict_line
 from reports.text import markdown_text
 from reports.trends import BASE_ENVIRONMENT, CheckTrend, Trends
 
@@ -26,6 +34,15 @@ MAX_MESSAGE = 240
 def _cell(text: str, limit: int = MAX_MESSAGE) -> str:
     """``text`` safe inside a GitHub table cell, at most ``limit`` characters of it."""
     return markdown_text(text, limit)
+
+
+def _expected(target: TargetResult) -> str:
+    """The expected-verdict cell: the expectation (``-`` for an unavailable target), marked
+    when the verdict differs from it."""
+    expected = target.expected
+    if expected is None:
+        return "-"
+    return expected.value if target.as_expected else f"**{expected.value} (unexpected)**"
 
 
 def _number(value: float | None) -> str:
@@ -128,18 +145,24 @@ def render_markdown(result: AuditResult, trends: Trends | None = None) -> str:
         f"TV >= {config.tv:g} with power {config.power:g}; {_underpowered(result)}."
         + design_note(config),
         "",
-        "| target | verdict | "
+        "| target | verdict | expected | "
         + " | ".join(verdict.value for verdict in Verdict)
         + " | verify steps | time (s) |",
-        "|---|---|" + "---:|" * (len(Verdict) + 2),
+        "|---|---|---|" + "---:|" * (len(Verdict) + 2),
     ]
     for target in result.targets:
         counts = [sum(c.verdict is verdict for c in target.checks) for verdict in Verdict]
         lines.append(
-            f"| {_cell(target.name)} | **{target.verdict.value}** | "
+            f"| {_cell(target.name)} | **{target.verdict.value}** | {_expected(target)} | "
             + " | ".join(str(count) for count in counts)
             + f" | {target.verify_steps} | {target.wall_time_s:.1f} |"
         )
+    lines += ["", "## Verdicts", ""]
+    lines += [
+        f"- {_cell(t.name)}: {_cell(verdict_line(result, t), 1000)}"
+        for t in result.targets
+        if t.error is None
+    ]
     stopped = [target for target in result.targets if target.stopped_early]
     if stopped:
         lines += ["", "## Stopped early", ""]

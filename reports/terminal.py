@@ -13,7 +13,17 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from losslessness.results import AuditResult, CheckKind, TargetVerdict, Verdict, design_note
+from losslessness.results import (
+    AuditResult,
+    CheckKind,
+    TargetResult,
+    TargetVerdict,
+    Verdict,
+    design_note,
+    design_shortfalls,
+    is_not_applicable,
+    reached_tv,
+)
 from reports.text import terminal_text
 
 _STYLES = {
@@ -28,7 +38,52 @@ _STYLES = {
     TargetVerdict.ERROR: "bold magenta",
     TargetVerdict.UNAVAILABLE: "dim",
     TargetVerdict.INCOMPLETE: "bold yellow",
+    TargetVerdict.INCONCLUSIVE: "bold yellow",
 }
+
+
+def design_statement(result: AuditResult, target: TargetResult) -> str:
+    """What a LOSSLESS (or SUBOPTIMAL) verdict rests on: ``every assertion at TV >= x, power
+    y`` with x the worst TV the target's statistical assertions reached
+    (:func:`losslessness.results.reached_tv`), then the design the run chose when it is not
+    the default one (another ``--tv``, a step multiplier, a time budget's claim) and the cases
+    the adapter declares it does not take."""
+    config = result.config
+    reached = reached_tv(target.checks)
+    if reached is None:
+        text = "exact checks only, no statistical assertion"
+    else:
+        text = f"every assertion at TV >= {format_number(reached)}, power {config.power:g}"
+    chosen = [f"design TV {config.tv:g}"]
+    if config.step_multiplier != 1:
+        chosen.append(f"steps x{config.step_multiplier:g} of the CI plan")
+    if "time budget" in result.environment:
+        chosen.append(f"TV chosen by --time-budget {config.time_budget_s:g} s")
+    excluded = sum(is_not_applicable(check) for check in target.checks)
+    if target.exclusions is not None and excluded:
+        chosen.append(
+            f"{excluded} checks not applicable by the adapter's declaration: "
+            f"{target.exclusions}"
+        )
+    return f"{text} ({'; '.join(chosen)})"
+
+
+def verdict_line(result: AuditResult, target: TargetResult) -> str:
+    """The verdict with what it rests on: ``LOSSLESS: every assertion at TV >= ...``
+    (:func:`design_statement`), ``INCONCLUSIVE: design not reached: ...`` (why, from
+    :func:`losslessness.results.design_shortfalls`), or the verdict alone; then the expected
+    verdict when the adapter declares one (``UNEXPECTED`` when the verdict differs)."""
+    text = target.verdict.value
+    if target.verdict in (TargetVerdict.LOSSLESS, TargetVerdict.SUBOPTIMAL):
+        text += ": " + design_statement(result, target)
+    elif target.verdict is TargetVerdict.INCONCLUSIVE:
+        reasons = design_shortfalls(target.checks, result.config, target.exclusions)
+        text += ": design not reached: " + "; ".join(reasons)
+    expected = target.expected
+    if expected is not None and target.expected_verdict is not None:
+        text += f" [expected {expected.value}: {target.expected_reason}"
+        text += "]" if target.as_expected else "; UNEXPECTED]"
+    return text
 
 
 def format_number(value: float | None, digits: int = 3) -> str:
@@ -98,12 +153,13 @@ def print_audit(result: AuditResult, console: Console | None = None) -> None:
     console.print(
         Text.assemble(
             ("losslessness audit", "bold"),
-            f" seed {config.seed}: every statistical check detects TV >= {config.tv:g} with "
-            f"power {config.power:g}; family-wise false-alarm rate "
-            f"{config.family_wise_alpha:g} split over {result.n_assertions} assertions -> "
-            f"alpha {result.per_assertion_alpha:.3g} each (Bonferroni). Exact checks have no "
-            "false alarms; 'min TV' for them is the smallest violation rate caught with that "
-            "power, for acceptance the smallest shift of the rate." + design_note(config),
+            f" seed {config.seed}: design TV {config.tv:g} with power {config.power:g} (each "
+            "target's verdict line states the TV its assertions reached); family-wise "
+            f"false-alarm rate {config.family_wise_alpha:g} split over {result.n_assertions} "
+            f"assertions -> alpha {result.per_assertion_alpha:.3g} each (Bonferroni). Exact "
+            "checks have no false alarms; 'min TV' for them is the smallest violation rate "
+            "caught with that power, for acceptance the smallest shift of the rate."
+            + design_note(config),
         )
     )
     if "time budget" in result.environment:
@@ -142,14 +198,16 @@ def print_audit(result: AuditResult, console: Console | None = None) -> None:
         )
         console.print(
             Text.assemble(
-                (f"{target.verdict.value:<10} ", _STYLES[target.verdict]),
+                (f"{target.verdict.value:<12} ", _STYLES[target.verdict]),
                 terminal_text(target.name),
                 f": {summary or 'no checks'}; {target.verify_steps} verify steps in "
                 f"{target.wall_time_s:.1f} s",
             )
         )
+        if target.error is None:
+            console.print(terminal_text(f"             {verdict_line(result, target)}"))
         if target.stopped_early:
             console.print(
-                terminal_text(f"           stopped early: {target.stopped_early}", style="dim")
+                terminal_text(f"             stopped early: {target.stopped_early}", style="dim")
             )
     console.print(Text(f"wall time {result.wall_time_s:.1f} s"))

@@ -18,6 +18,7 @@ from losslessness.protocol import (
     InvalidInputError,
     TreeVerifier,
 )
+from losslessness.results import TargetVerdict
 
 
 class AdapterUnavailable(RuntimeError):
@@ -140,6 +141,15 @@ class Adapter:
         end_to_end: whole engines audited by the sequence-law check, or empty.
         tree: the tree (multi-draft) sampling verifier, or None.
         greedy_tree: the greedy tree verifier, or None.
+        exclusions: the cases the implementation does not take by design, in words
+            (``"draft schemes other than top-k"``): its verifiers raise
+            :class:`NotApplicable` on them, and the run states them beside the verdict instead
+            of counting them as a design not reached (INCONCLUSIVE). None: every
+            :class:`NotApplicable` is a shortfall.
+        expected_verdict: the verdict the implementation is expected to get when it is lossy by
+            design (``"LOSSY"``); the nightly's exit code says whether any verdict differs from
+            its expectation. None: LOSSLESS expected.
+        expected_reason: why (the design that makes it lossy), with ``expected_verdict``.
     """
 
     name: str
@@ -149,6 +159,9 @@ class Adapter:
     end_to_end: tuple[EndToEndTarget, ...] = ()
     tree: TreeVerifier | None = None
     greedy_tree: GreedyTreeVerifier | None = None
+    exclusions: str | None = None
+    expected_verdict: str | None = None
+    expected_reason: str | None = None
 
     def __post_init__(self) -> None:
         verifiers = (self.chain, self.greedy, self.tree, self.greedy_tree)
@@ -157,3 +170,9 @@ class Adapter:
                 f"adapter {self.name!r}: needs a chain, greedy, tree or greedy tree verifier, "
                 "or an end-to-end target"
             )
+        if (self.expected_verdict is None) != (self.expected_reason is None):
+            raise ValueError(
+                f"adapter {self.name!r}: expected_verdict and expected_reason go together"
+            )
+        if self.expected_verdict is not None:
+            TargetVerdict(self.expected_verdict)

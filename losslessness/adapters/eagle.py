@@ -306,4 +306,6 @@ def adapter() -> Adapter:
         "lexicographically sorted root-to-leaf paths",
         tree=EagleTreeSampler(evaluate_posterior),
         greedy_tree=EagleGreedyTreeVerifier(evaluate_posterior),
+        exclusions="draft schemes other than without-replacement (EAGLE's draft samples a "
+        "node's children without replacement)",
     )

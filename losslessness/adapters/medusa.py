@@ -178,6 +178,11 @@ class MedusaGreedyTreeVerifier(_MedusaVerifier):
                             POSTERIOR_ALPHA)
 
 
+TYPICAL_EXCLUSIONS = "draft schemes other than top-k (Medusa's trees are its heads' top-k tokens)"
+"""The cases ``medusa-typical`` declares it does not take (:class:`MedusaTypicalTreeVerifier`
+raises :class:`~losslessness.adapters.NotApplicable` on them)."""
+
+
 class MedusaTypicalTreeVerifier(_MedusaVerifier):
     """Medusa's typical acceptance (``evaluate_posterior`` at temperature 1 on ``log p``) in the
     :class:`~losslessness.protocol.TreeVerifier` protocol; lossy by design (module docstring).
@@ -298,4 +303,8 @@ def typical_adapter() -> Adapter:
         "defaults) and generate_candidates' argmax for the next token; draft scheme top-k "
         "only; lossy by design (Cai et al. 2024, section 2.3.1)",
         tree=MedusaTypicalTreeVerifier(evaluate_posterior, generate_candidates),
+        exclusions=TYPICAL_EXCLUSIONS,
+        expected_verdict="LOSSY",
+        expected_reason="typical acceptance is deterministic given p: it trades the target's "
+        "law for speed (Cai et al. 2024, section 2.3.1)",
     )

@@ -684,4 +684,5 @@ def tree_adapter(device: str = "cuda") -> Adapter:
         "float32 probabilities; not coupled (one coin per tree level)",
         chain=SglangTreeSampler(function, device),
         tree=SglangTreeTargetOnly(function, device),
+        exclusions="tree draft schemes other than top-k (the kernel ignores q)",
     )

@@ -201,6 +201,20 @@ class SamplerOptions:
             names.append("use_block_verification=True")
         return ", ".join(names) or "default options"
 
+    def declarations(self) -> tuple[str | None, str | None, str | None]:
+        """What an adapter with these options declares: :class:`Adapter`'s ``exclusions``,
+        ``expected_verdict`` and ``expected_reason``. Synthetic acceptance and FLy relax
+        acceptance whatever p and q, so they are LOSSY by design; FLy does not take k = 1."""
+        reasons = []
+        if self.synthetic:
+            reasons.append("synthetic mode accepts drafts at fixed rates whatever p and q")
+        if self.fly:
+            reasons.append("FLy defers verification and accepts drafts the target would reject")
+        exclusions = "draft length k = 1 (FLy needs a window 1 <= W < k)" if self.fly else None
+        if not reasons:
+            return exclusions, None, None
+        return exclusions, "LOSSY", "; ".join(reasons) + " (lossy by design)"
+
     def fly_window(self, k: int) -> int:
         """FLy's window for draft length ``k``.
 
@@ -548,6 +562,7 @@ def v1_adapter(name: str) -> Adapter:
             to install the checked version).
     """
     options = V1_OPTIONS[name]
+    exclusions, expected, reason = options.declarations()
     version, modules = _load_v1()
     device = engine_device()
     sampler = VllmV1Sampler(modules, options, device)
@@ -559,6 +574,9 @@ def v1_adapter(name: str) -> Adapter:
         "bonus tokens (exponential races) tested statistically",
         chain=sampler,
         greedy=sampler.greedy,
+        exclusions=exclusions,
+        expected_verdict=expected,
+        expected_reason=reason,
     )
 
 
@@ -569,6 +587,7 @@ def v2_adapter(name: str) -> Adapter:
         AdapterUnavailable: as :func:`v1_adapter`.
     """
     options = V2_OPTIONS[name]
+    exclusions, expected, reason = options.declarations()
     version = prepare_engine(VLLM)
     module = import_engine_module(
         VLLM, version, "vllm.v1.worker.gpu.spec_decode.rejection_sampler_utils"
@@ -599,6 +618,9 @@ def v2_adapter(name: str) -> Adapter:
         f"from per-request seeds hashed in the kernels (not coupled, tested statistically){note}",
         chain=sampler,
         greedy=sampler.greedy,
+        exclusions=exclusions,
+        expected_verdict=expected,
+        expected_reason=reason,
     )
 
 

@@ -12,9 +12,12 @@ What each assertion's e-process tests (its null holds for every lossless verifie
   coupling bound (the same thresholds as :mod:`losslessness.checks.acceptance`'s LOSSY side):
   :func:`~losslessness.stats.sequential.binomial_upper_log_evalue`. The SUBOPTIMAL side stays
   with the fixed-n test (it is a warning, never a reason to stop).
-- ``independence`` (row r): the first tokens of two copies of the row in one call are i.i.d.
-  pairs from p_0 x p_0, on the fixed-n test's categories: the mixture e-process on the pair
-  cells. A shared random stream breaks it; so does a wrong first-token law.
+- ``independence`` (row r): the first tokens of two copies of the row in one call are
+  independent, on the fixed-n test's categories: the universal-inference e-process against
+  the product of the observed marginals
+  (:func:`~losslessness.stats.sequential.independence_mixture_log_evalue`), as the fixed-n
+  chi-square test of independence. A shared random stream breaks it; a wrong first-token law
+  does not (the law e-process at position 0 owns that).
 
 Exact checks (structure, tokens with p = 0) stop at their first violation: they cannot fire on
 correct code, so stopping on them spends no level.
@@ -57,6 +60,7 @@ from losslessness.stats import pooling_partition
 from losslessness.stats.sequential import (
     binomial_upper_log_evalue,
     cell_partitions,
+    independence_mixture_log_evalue,
     partition_mixture_log_evalue,
 )
 
@@ -81,9 +85,14 @@ class _AcceptanceState:
 class _PairState:
     categories: np.ndarray
     n_categories: int
-    probs: np.ndarray
-    partitions: list[np.ndarray]
+    groupings: list[np.ndarray]
     counts: np.ndarray
+
+    @property
+    def log_evalue(self) -> float:
+        """The independence e-process on the pairs counted so far."""
+        table = self.counts.reshape(self.n_categories, self.n_categories)
+        return independence_mixture_log_evalue(table, self.groupings)
 
 
 @dataclass
@@ -254,9 +263,7 @@ class ChainMonitor:
             if value >= self.log_threshold:
                 crossed.append(key)
         for key, state_p in self.pairs.items():
-            value = partition_mixture_log_evalue(
-                state_p.counts, state_p.probs, state_p.partitions
-            )
+            value = state_p.log_evalue
             self.log_evalues[key] = value
             if value >= self.log_threshold:
                 crossed.append(key)
@@ -321,8 +328,9 @@ def update_pairs(state: _PairState, first: np.ndarray, pairs: np.ndarray) -> Non
 def pair_state(first: np.ndarray, planned_steps: int) -> _PairState:
     """Categories of the first token (the independence test's: tokens expected in both rows of
     at least :data:`MIN_EXPECTED_PAIR_COUNT` pairs alone, the rest pooled; zero-probability
-    tokens join the pooled category, which the law check covers exactly) and the product law
-    of a pair over them."""
+    tokens join the pooled category, which the law check covers exactly) and the groupings of
+    the categories the independence e-process mixes (:func:`cell_partitions` of their masses
+    under ``first``, decided before sampling; ``first`` never enters the test itself)."""
     p = first / first.sum()
     n_pairs = max(1, planned_steps // 2)
     frequent = n_pairs * p**2 >= MIN_EXPECTED_PAIR_COUNT
@@ -338,12 +346,12 @@ def pair_state(first: np.ndarray, planned_steps: int) -> _PairState:
         categories = remap[categories]
         mass = mass[keep]
         n_categories = int(keep.sum())
-    pair_probs = np.asarray(np.outer(mass, mass).reshape(-1), dtype=np.float64)
-    pooled = np.zeros(pair_probs.size, dtype=bool)
-    partitions = cell_partitions(pair_probs, pooled) if n_categories >= 2 else []
+    masses = np.asarray(mass, dtype=np.float64)
+    groupings = (
+        cell_partitions(masses, np.zeros(n_categories, dtype=bool)) if n_categories >= 2 else []
+    )
     return _PairState(
-        categories, n_categories, pair_probs, partitions,
-        np.zeros(n_categories**2, dtype=np.int64),
+        categories, n_categories, groupings, np.zeros(n_categories**2, dtype=np.int64)
     )
 
 

@@ -9,8 +9,9 @@ on the new trees and an e-process for every statistical tree assertion (the tree
   ``root_bound`` (SpecTr's optimal transport, the LOSSY side of the fixed-n check): the
   one-sided Beta-mixture e-process; deeper depths only have a SUBOPTIMAL side (never a reason
   to stop);
-- ``tree.independence``: the first tokens of trees ``2m, 2m+1`` of one call are i.i.d. pairs
-  from p_root x p_root.
+- ``tree.independence``: the first tokens of trees ``2m, 2m+1`` of one call are independent:
+  the universal-inference e-process against the product of the observed marginals (as the
+  fixed-n test), so a wrong root law is ``tree.law``'s to find, never blamed on independence.
 
 Exact checks (``tree.structure``, a token with p = 0 after any node) stop at their first
 violation. Keys are :attr:`~losslessness.results.CheckResult.assertion_key`'s: ``(check id, 0,
@@ -147,9 +148,7 @@ class TreeMonitor:
         if self.pairs is not None:
             update_pairs(self.pairs, samples.tokens[:, 0], samples.pairs)
             key = (TREE_INDEPENDENCE_CHECK_ID, 0, 0, 0)
-            self.log_evalues[key] = partition_mixture_log_evalue(
-                self.pairs.counts, self.pairs.probs, self.pairs.partitions
-            )
+            self.log_evalues[key] = self.pairs.log_evalue
         crossed = [key for key, value in self.log_evalues.items() if value >= self.log_threshold]
         if crossed:
             self._stop(

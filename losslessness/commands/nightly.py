@@ -21,12 +21,16 @@ On a Ray cluster (``pip install 'losslessness[ray]'``; one task per shard, one G
 which writes DIR/shard-i-of-N.npz for every shard, then merges them as ``losslessness merge``
 does. All of them end in DIR/report.html, report.md, junit.xml, report.json, nightly.json
 (plan, error budget, shards, suite runs) and suite-junit-<target>.xml (pytest's own report of
-each suite run). Exit codes: 0 lossless, 1 lossy, 2 usage error, 3 a check crashed or a named
-target did not load.
+each suite run). Exit codes compare every target's verdict with its expectation (LOSSLESS, or
+the verdict an adapter lossy by design declares, ``Adapter.expected_verdict``): 0 every target
+as expected, else the audit's code of the unexpected ones (1 LOSSY, 3 ERROR, 4 INCONCLUSIVE,
+130 interrupted) and 5 when the only surprises are targets expected to fail that passed (a
+lossy-by-design target that suddenly passes keeps the night red); 2 usage error.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import sys
@@ -51,7 +55,12 @@ from losslessness.engine import (
     save_shard,
 )
 from losslessness.engine.time_budget import make_budgeted_plan
+from losslessness.results import AuditResult
 from reports.progress import progress_bar
+
+UNEXPECTED_PASS_EXIT_CODE = 5
+"""Exit code of a night whose only surprises are targets expected to fail (lossy by design)
+that came out LOSSLESS or SUBOPTIMAL."""
 
 NIGHTLY_FILE = "nightly.json"
 """The night's own record next to the reports: plan, error budget, shards, suite runs."""
@@ -84,6 +93,19 @@ def write_night(
     return paths
 
 
+def night_exit_code(audit: AuditResult) -> int:
+    """The night's exit code: 0 when every target's verdict is its expected one
+    (:attr:`~losslessness.results.TargetResult.as_expected`), else the audit's exit code over
+    the unexpected targets alone (LOSSY 1, ERROR 3, INCONCLUSIVE 4, INCOMPLETE 130), or
+    :data:`UNEXPECTED_PASS_EXIT_CODE` when each of them passed although it was expected to
+    fail."""
+    unexpected = audit.unexpected
+    if not unexpected:
+        return 0
+    code = dataclasses.replace(audit, targets=unexpected).exit_code
+    return code or UNEXPECTED_PASS_EXIT_CODE
+
+
 def _finish(result: RunResult, out_dir: Path, history: tuple[Path, ...]) -> None:
     from reports import print_audit
 
@@ -96,7 +118,12 @@ def _finish(result: RunResult, out_dir: Path, history: tuple[Path, ...]) -> None
     print_audit(result.audit, console)
     for name, path in paths.items():
         console.print(f"wrote {name}: {path}")
-    sys.exit(result.exit_code)
+    for target in result.audit.unexpected:
+        console.print(
+            f"UNEXPECTED {target.name}: {target.verdict.value}, expected "
+            f"{target.expected.value if target.expected else '-'}"
+        )
+    sys.exit(night_exit_code(result.audit))
 
 
 _HISTORY = click.option(

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 import click
 
 from losslessness.checks import ALL_CHECK_IDS
-from losslessness.config import DEFAULT_TIMEOUT_S, RunConfig
+from losslessness.config import DEFAULT_TIMEOUT_S, RunConfig, flag_of_error
 from losslessness.stats import DEFAULT_FAMILY_WISE_ALPHA
 
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -122,7 +122,9 @@ def build_config(values: dict[str, Any], **extra: Any) -> RunConfig:
 
     Raises:
         click.BadParameter: an unknown check id in ``--only``.
-        click.UsageError: a value out of range (the message names the field).
+        click.BadParameter: a value out of range, naming its flag (``--alpha``, not the
+            config field ``family_wise_alpha``; :data:`~losslessness.config.CLI_FLAGS`).
+        click.UsageError: a value out of range whose field has no flag.
     """
     known = (*ALL_CHECK_IDS, "edge", "tree")
     for name in values["only"]:
@@ -149,7 +151,10 @@ def build_config(values: dict[str, Any], **extra: Any) -> RunConfig:
     try:
         return RunConfig(**fields)
     except ValueError as error:
-        raise click.UsageError(str(error)) from error
+        flag, text = flag_of_error(str(error))
+        if flag is None:
+            raise click.UsageError(text) from error
+        raise click.BadParameter(text, param_hint=flag) from error
 
 
 def check_output_file(path: Path, flag: str) -> None:

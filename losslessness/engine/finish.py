@@ -40,6 +40,7 @@ from losslessness.results import (
     TargetResult,
     TargetVerdict,
     Verdict,
+    design_shortfalls,
     message_key,
     shorten_message,
     target_verdict,
@@ -241,7 +242,15 @@ def finish_run(shards: Sequence[ShardResult]) -> RunResult:
             group.setdefault((unit.kind, unit.case_id), []).append(unit)
     targets: list[TargetResult] = []
     for name, description, verification in plan.targets:
-        result = TargetResult(name, description, TargetVerdict.LOSSLESS)
+        exclusions, expected, reason = plan.declared(name)
+        result = TargetResult(
+            name,
+            description,
+            TargetVerdict.LOSSLESS,
+            exclusions=exclusions,
+            expected_verdict=expected,
+            expected_reason=reason,
+        )
         complete = True
         for (kind, case_id), units in by_target.get(name, {}).items():
             complete &= all(
@@ -256,7 +265,8 @@ def finish_run(shards: Sequence[ShardResult]) -> RunResult:
         if name in plan.pvalues_targets:
             result.checks.append(_pvalues_check(plan, name, result.checks, complete))
         result.stopped_early = _stopped_early(by_target.get(name, {}), result.verify_steps)
-        result.verdict = target_verdict(result.checks, complete)
+        shortfalls = design_shortfalls(result.checks, config, exclusions)
+        result.verdict = target_verdict(result.checks, complete, shortfalls)
         if result.verdict is TargetVerdict.UNAVAILABLE:
             result.error = (
                 f"nothing tested: all {len(result.checks)} checks SKIPPED "

@@ -279,6 +279,9 @@ class PlanRecord:
             (0 without early stopping).
         pvalues_targets: targets that get the run-level uniformity test of their law
             p-values (:mod:`losslessness.checks.pvalues`), one assertion each.
+        declarations: what each loaded target's adapter declares: (name, the cases it does
+            not take or None, its expected verdict or None, why); see
+            :class:`~losslessness.adapters.Adapter`.
     """
 
     plan_version: str
@@ -298,6 +301,15 @@ class PlanRecord:
     units: tuple[Unit, ...]
     sequential_share: float = 0.0
     pvalues_targets: tuple[str, ...] = ()
+    declarations: tuple[tuple[str, str | None, str | None, str | None], ...] = ()
+
+    def declared(self, target: str) -> tuple[str | None, str | None, str | None]:
+        """(exclusions, expected verdict, reason) ``target``'s adapter declares (all None
+        when it declares nothing)."""
+        for name, exclusions, expected, reason in self.declarations:
+            if name == target:
+                return exclusions, expected, reason
+        return None, None, None
 
     @property
     def per_assertion_alpha(self) -> float:
@@ -356,6 +368,10 @@ class PlanRecord:
                 ),
                 sequential_share=float(data["sequential_share"]),
                 pvalues_targets=tuple(data["pvalues_targets"]),
+                declarations=tuple(
+                    (str(name), exclusions, expected, reason)
+                    for name, exclusions, expected, reason in data.get("declarations", [])
+                ),
             )
         except (KeyError, TypeError) as error:
             raise ValueError(
@@ -699,6 +715,11 @@ def plan_run(
         units=tuple(units),
         sequential_share=share,
         pvalues_targets=pvalues_targets,
+        declarations=tuple(
+            (a.name, a.exclusions, a.expected_verdict, a.expected_reason)
+            for a in adapters
+            if a.exclusions is not None or a.expected_verdict is not None
+        ),
     )
     return RunPlan(record, adapters, chain, greedy, e2e_plans, tree, greedy_tree)
 

@@ -566,6 +566,7 @@ def fit_time_budget(
             if dropped or unreached
             else config.cases
         ),
+        dropped_cases=(*dropped, *unreached),
     )
     estimate = {name: sum(by_case.values()) for name, by_case in seconds.items()}
     names = ", ".join(adapter.name for adapter in plan.adapters)

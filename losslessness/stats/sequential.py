@@ -16,6 +16,16 @@ is a martingale.
   :func:`partition_mixture_log_evalue` averages it over a few data-independent coarsenings of
   the cells, so that a deviation on a large vocabulary is not drowned by the regret of many
   cells (the average of e-processes is an e-process).
+- :func:`independence_log_evalue`: the composite null "paired categories are independent"
+  (any marginals): the Dirichlet mixture of the joint law over the contingency table's cells
+  divided by the likelihood of the product of the *observed* marginals (the null's maximum
+  likelihood on all data so far). Since that maximum is at least the likelihood of the true
+  null law, the ratio is bounded by that law's mixture martingale at every round: an
+  e-process (Wasserman, Ramdas and Balakrishnan 2020, "Universal inference", PNAS 117(29),
+  section 7, the running-MLE e-process). Like the fixed-n chi-square test of independence, it
+  tests dependence only, never the marginals (which the identity tests own).
+  :func:`independence_mixture_log_evalue` averages it over data-independent groupings of the
+  categories.
 - :func:`binomial_upper_log_evalue`: the null "successes are i.i.d. Bernoulli(theta) with
   theta <= rate" against theta > rate, mixed over a Beta(1/2, 1/2) prior truncated to
   (rate, 1] (for theta <= rate every such likelihood ratio is a supermartingale).
@@ -48,6 +58,8 @@ __all__ = [
     "AlphaSplit",
     "binomial_upper_log_evalue",
     "cell_partitions",
+    "independence_log_evalue",
+    "independence_mixture_log_evalue",
     "multinomial_log_evalue",
     "partition_mixture_log_evalue",
     "split_alpha",
@@ -217,6 +229,76 @@ def partition_mixture_log_evalue(
         cell_probs = np.bincount(labels[inside], weights=probs[inside], minlength=size)
         cell_probs = cell_probs / cell_probs.sum()
         values.append(multinomial_log_evalue(np.rint(cell_counts), cell_probs))
+    return float(special.logsumexp(values) - math.log(len(values)))
+
+
+def independence_log_evalue(
+    table: NDArray[np.int64], concentration: float = KT_CONCENTRATION
+) -> float:
+    """Log e-value against "the row and column categories of the pairs are independent".
+
+    ``log E = log m(table) - max_{r, c} log L(r x c)``: ``m`` the Dirichlet(a)-mixture marginal
+    likelihood of the table's cells (as in :func:`multinomial_log_evalue`), and the maximum
+    over every product law ``r x c`` attained at the observed marginals, ``sum_i R_i log(R_i /
+    n) + sum_j C_j log(C_j / n)``. For the true null law the mixture ratio is a martingale
+    and the maximum is at least its likelihood, so this stays below that martingale at every
+    round (universal inference; module docstring).
+
+    Args:
+        table: ``[A, B]`` non-negative integer counts of the pairs' (row, column) categories.
+        concentration: Dirichlet parameter a > 0 of every cell.
+
+    Returns:
+        ``log E`` (natural log); 0.0 with no observations.
+
+    Raises:
+        ValueError: naming ``table``: not two-dimensional, NaN or negative counts.
+    """
+    counts = np.asarray(table, dtype=np.float64)
+    if counts.ndim != 2:
+        raise ValueError(f"table: expected a [A, B] contingency table, got shape {counts.shape}")
+    if not np.isfinite(counts).all() or (counts < 0).any():
+        raise ValueError("table: counts must be finite and non-negative")
+    n = float(counts.sum())
+    if n == 0:
+        return 0.0
+    cells = counts.size
+    a = concentration
+    log_marginal = (
+        special.gammaln(cells * a)
+        - special.gammaln(n + cells * a)
+        + float((special.gammaln(counts + a) - special.gammaln(a)).sum())
+    )
+    rows, columns = counts.sum(axis=1), counts.sum(axis=0)
+    null = float(special.xlogy(rows, rows / n).sum() + special.xlogy(columns, columns / n).sum())
+    return float(log_marginal - null)
+
+
+def independence_mixture_log_evalue(
+    table: NDArray[np.int64], groupings: list[NDArray[np.int64]]
+) -> float:
+    """Log of the average of :func:`independence_log_evalue` over the tables ``table``
+    coarsened by each of ``groupings`` (the same grouping on rows and columns; a coarsening
+    of independent categories stays independent, so each is an e-process and so is their
+    average).
+
+    Args:
+        table: ``[K, K]`` counts of the pairs' categories.
+        groupings: ``[K]`` int64 labels ``0..G-1`` of each category, decided before sampling
+            (:func:`cell_partitions` of the categories' masses).
+
+    Returns:
+        ``log((1/J) sum_j E_j)``; 0.0 when ``groupings`` is empty (no test: E = 1).
+    """
+    if not groupings:
+        return 0.0
+    counts = np.asarray(table, dtype=np.float64)
+    values = []
+    for labels in groupings:
+        size = int(labels.max()) + 1
+        member = np.zeros((labels.size, size))
+        member[np.arange(labels.size), labels] = 1.0
+        values.append(independence_log_evalue(np.rint(member.T @ counts @ member)))
     return float(special.logsumexp(values) - math.log(len(values)))
 
 

@@ -8,6 +8,7 @@ import math
 
 import numpy as np
 import pytest
+import torch
 
 from losslessness.batteries import default_chain_battery, default_tree_battery
 from losslessness.checks import run_chain_checks
@@ -162,3 +163,69 @@ def test_monitor_update_names_outputs_or_drafts_of_the_wrong_shape() -> None:
         monitor.update(good[:, :, :-1], drafts, pairs)
     with pytest.raises(ValueError, match=r"^drafts"):
         monitor.update(good, drafts[:, :3], pairs)
+
+
+def _tilted_root(target_probs, draft_probs, parents, token_ids, draft_scheme, generator):  # type: ignore[no-untyped-def]
+    """A tree verifier that accepts no draft and draws the final token from p_root squared and
+    renormalised, independently for every tree: a wrong marginal, independent pairs."""
+    from losslessness.protocol import PLACEHOLDER, TreeOutput
+    from losslessness.reference.tree import tree_depths
+
+    batch = target_probs.shape[0]
+    law = target_probs[:, 0].double() ** 2
+    first = torch.multinomial((law / law.sum(-1, keepdim=True)).float(), 1, generator=generator)
+    depth = int(tree_depths(parents.long().cpu()).max())
+    tokens = torch.full((batch, depth + 1), PLACEHOLDER, dtype=torch.int64)
+    tokens[:, 0] = first.reshape(-1)
+    return TreeOutput(tokens, torch.full((batch, depth), PLACEHOLDER, dtype=torch.int64))
+
+
+def test_tree_independence_monitor_tests_independence_only_not_the_root_law() -> None:
+    """A wrong root marginal with independent pairs (fixed seed, 8192 trees, one look): the
+    ``tree.law`` root e-process crosses and the fixed-n law test is LOSSY, while
+    ``tree.independence`` (e-process against the product of the observed marginals, and the
+    fixed-n test) stays below its threshold and PASSes; the same pair counts against
+    p_root x p_root (the monitor's former null) would have crossed."""
+    from losslessness.checks import run_tree_checks
+    from losslessness.checks.tree_assertions import ROOT, class_p
+    from losslessness.stats.sequential import multinomial_log_evalue
+
+    case = next(c for c in default_tree_battery() if c.case_id == "tree-chain-iid")
+    context = CheckContext("t", case.case_id, case.summary, case.case_hash, 1e-4, 0.9, 0.05, 0)
+    samples = sample_tree(_tilted_root, case, 8192, 3)
+    monitor = TreeMonitor(case, 8192, 1e-6, context)
+    assert monitor.update(samples)
+    evidence = monitor.evidence()
+    assert evidence[("tree.law", 0, 0, ROOT)].crossed
+    independence = evidence[("tree.independence", 0, 0, 0)]
+    assert not independence.crossed and independence.log_e_value < monitor.log_threshold
+    results = {(r.check_id, r.position): r for r in run_tree_checks(samples, context)}
+    assert results[("tree.law", 0)].verdict is Verdict.LOSSY
+    assert results[("tree.independence", None)].verdict is Verdict.PASS
+    pairs = monitor.pairs
+    assert pairs is not None
+    p_root = class_p(case, 0, ROOT)
+    mass = np.bincount(pairs.categories, weights=p_root / p_root.sum())
+    against_p_root = multinomial_log_evalue(pairs.counts, np.outer(mass, mass).reshape(-1))
+    assert against_p_root > monitor.log_threshold
+
+
+def test_chain_independence_monitor_tests_independence_only() -> None:
+    """The chain monitor's independence e-process likewise: copies of a row whose first token
+    follows a wrong law but independently stay below the threshold (fixed seed), while a
+    shared random stream (both copies equal) crosses it."""
+    from losslessness.checks.sequential import pair_state, update_pairs
+
+    case = CASES["v8-far"]
+    p0 = case.laws[0].emitted[0].numpy()
+    rng = np.random.default_rng(7)
+    wrong = p0**2 / (p0**2).sum()
+    first = rng.choice(p0.size, size=8000, p=wrong)
+    pairs = np.arange(8000).reshape(-1, 2)
+    independent = pair_state(p0, 8000)
+    update_pairs(independent, first, pairs)
+    threshold = math.log(1e6)
+    assert independent.log_evalue < threshold
+    shared = pair_state(p0, 8000)
+    update_pairs(shared, np.repeat(first[::2], 2), pairs)
+    assert shared.log_evalue > threshold

@@ -17,7 +17,7 @@ from losslessness.config import RunConfig
 from losslessness.engine import plan_run, run_audit
 from losslessness.engine.time_budget import FIT_FRACTION, fit_time_budget
 from losslessness.reference import verify
-from losslessness.results import CheckKind, TargetVerdict, Verdict
+from losslessness.results import CheckKind, TargetVerdict, Verdict, design_shortfalls
 from losslessness.stats.sequential import SEQUENTIAL_ALPHA_SHARE
 from losslessness.targets import resolve_adapter
 
@@ -109,7 +109,10 @@ def _slow_verify(target: torch.Tensor, draft: torch.Tensor, ids: torch.Tensor,
 def test_time_budget_fits_a_slow_target_and_states_what_it_can_claim() -> None:
     """A batch-1 target under a 6-second budget: the fit raises the design TV (said before
     sampling, with the warm-up's time), the run samples for at most the budget, and every
-    statistical result reports the minimum detectable TV its samples reached."""
+    statistical result reports the minimum detectable TV its samples reached. The target is
+    LOSSLESS only when every assertion reached the claimed design; a cap the fit chose or a
+    deadline that cut the sampling (this machine's speed decides) leaves it INCONCLUSIVE,
+    with the reasons in its record."""
     slow = Adapter("slow", "reference one row at a time", chain=_slow_verify)
     config = RunConfig(cases=CASES, time_budget_s=6.0)
     claims: list[str] = []
@@ -121,7 +124,9 @@ def test_time_budget_fits_a_slow_target_and_states_what_it_can_claim() -> None:
     assert fitted > 0.05
     assert result.environment["time budget"] == claims[0]
     target = result.targets[0]
-    assert target.verdict is TargetVerdict.LOSSLESS
+    shortfalls = design_shortfalls(target.checks, result.config)
+    expected = TargetVerdict.INCONCLUSIVE if shortfalls else TargetVerdict.LOSSLESS
+    assert target.verdict is expected
     sampling = sum(c.wall_time_s for c in target.checks if c.check_id == "structure")
     assert sampling <= 6.0
     assert elapsed <= 6.0 + 30.0

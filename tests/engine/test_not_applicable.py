@@ -1,8 +1,10 @@
 """A target may refuse a case shape it cannot take by design (vLLM's FLy at k = 1) by raising
 :class:`~losslessness.adapters.NotApplicable`: the run records that case's checks as SKIPPED
-with ``not applicable: <reason>`` (never ERROR, never PASS), the target's other checks decide its
-verdict (LOSSLESS or LOSSY as they find), a target to which nothing applies is UNAVAILABLE (not
-LOSSLESS), and the outcome survives a sharded run's save, load and merge.
+with ``not applicable: <reason>`` (never ERROR, never PASS). When the adapter declares the cases
+it does not take (``Adapter.exclusions``), the target's other checks decide its verdict
+(LOSSLESS or LOSSY as they find) and the declaration is stated; undeclared refusals leave the
+design unreached (INCONCLUSIVE, exit 4, unless something is LOSSY); a target to which nothing
+applies is never LOSSLESS; and the outcome survives a sharded run's save, load and merge.
 
 The fake targets are the reference (lossless) and ``tests.wrong_verifiers.ratio_inverted``
 (LOSSY) wrapped so that they raise NotApplicable when k = 1; no engine is installed.
@@ -33,6 +35,7 @@ from losslessness.results import (
     CheckContext,
     TargetVerdict,
     Verdict,
+    design_shortfalls,
     target_verdict,
 )
 from losslessness.targets import resolve_adapter
@@ -69,7 +72,10 @@ def _refuse_k1_greedy(verifier: GreedyVerifier) -> GreedyVerifier:
     return greedy
 
 
-def _fake(name: str, chain: ChainVerifier) -> Adapter:
+DECLARED = "draft length k = 1"
+
+
+def _fake(name: str, chain: ChainVerifier, exclusions: str | None = DECLARED) -> Adapter:
     reference = resolve_adapter("reference")
     assert reference.greedy is not None
     return Adapter(
@@ -77,22 +83,24 @@ def _fake(name: str, chain: ChainVerifier) -> Adapter:
         description=f"{name}: refuses k = 1 (NotApplicable)",
         chain=_refuse_k1_chain(chain),
         greedy=_refuse_k1_greedy(reference.greedy),
+        exclusions=exclusions,
     )
 
 
-def _lossless_fake() -> Adapter:
+def _lossless_fake(exclusions: str | None = DECLARED) -> Adapter:
     reference = resolve_adapter("reference")
     assert reference.chain is not None
-    return _fake("refuses-k1", reference.chain)
+    return _fake("refuses-k1", reference.chain, exclusions)
 
 
 def _checks_of(result: AuditResult, case_id: str) -> list[Verdict]:
     return [c.verdict for c in result.targets[0].checks if c.case_id == case_id]
 
 
-def test_not_applicable_cases_are_skipped_with_the_reason_and_the_rest_decide_lossless() -> None:
-    """k = 1 cases (chain and greedy): every check SKIPPED with ``not applicable: <reason>``,
-    none ERROR or PASS; the k >= 2 cases run and PASS; the target is LOSSLESS, exit 0."""
+def test_declared_not_applicable_cases_are_skipped_with_the_reason_and_the_rest_decide() -> None:
+    """k = 1 cases (chain and greedy) of a target declaring it does not take k = 1: every check
+    SKIPPED with ``not applicable: <reason>``, none ERROR or PASS; the k >= 2 cases run and
+    PASS; the target is LOSSLESS, exit 0, and its record keeps the declaration."""
     config = RunConfig(cases=(*K1_CASES, *K2_CASES), steps=600, seed=3)
     result = run_audit([_lossless_fake()], config)
     target = result.targets[0]
@@ -108,7 +116,22 @@ def test_not_applicable_cases_are_skipped_with_the_reason_and_the_rest_decide_lo
         assert Verdict.ERROR not in verdicts and Verdict.LOSSY not in verdicts, case_id
     assert target.verdict is TargetVerdict.LOSSLESS
     assert target.error is None
+    assert target.exclusions == DECLARED
     assert result.exit_code == 0
+
+
+def test_undeclared_not_applicable_cases_make_the_target_inconclusive_exit_4() -> None:
+    """The same target without a declaration: the k >= 2 cases PASS, but the refused cases
+    leave the design unreached: INCONCLUSIVE (exit 4) naming them, never LOSSLESS."""
+    config = RunConfig(cases=("v2-skewed", "v2-tilted"), steps=600, seed=3)
+    result = run_audit([_lossless_fake(exclusions=None)], config)
+    target = result.targets[0]
+    assert Verdict.PASS in _checks_of(result, "v2-tilted")
+    assert target.verdict is TargetVerdict.INCONCLUSIVE
+    assert result.exit_code == 4
+    assert design_shortfalls(target.checks, config) == [
+        "1 cases not applicable to the target (undeclared): v2-skewed"
+    ]
 
 
 def test_a_lossy_target_stays_lossy_when_some_cases_are_not_applicable() -> None:
@@ -123,15 +146,18 @@ def test_a_lossy_target_stays_lossy_when_some_cases_are_not_applicable() -> None
     assert result.exit_code == 1
 
 
-def test_a_target_to_which_no_case_applies_is_unavailable_not_lossless() -> None:
-    """Only k = 1 cases: every check SKIPPED, so the target is UNAVAILABLE with the reason in
-    its error, never LOSSLESS; the run's verdict is UNAVAILABLE too."""
+def test_a_target_to_which_no_case_applies_is_never_lossless() -> None:
+    """Only k = 1 cases: every check SKIPPED. Declared, the target is UNAVAILABLE with the
+    reason in its error (nothing tested, deciding nothing); undeclared, INCONCLUSIVE (exit 4)."""
     result = run_audit([_lossless_fake()], RunConfig(cases=K1_CASES, steps=50))
     target = result.targets[0]
     assert {c.verdict for c in target.checks} == {Verdict.SKIPPED}
     assert target.verdict is TargetVerdict.UNAVAILABLE
     assert target.error is not None and SKIP_MESSAGE in target.error
     assert result.verdict is TargetVerdict.UNAVAILABLE
+    result = run_audit([_lossless_fake(exclusions=None)], RunConfig(cases=K1_CASES, steps=50))
+    assert result.targets[0].verdict is TargetVerdict.INCONCLUSIVE
+    assert result.exit_code == 4
 
 
 def test_not_applicable_survives_sharding_save_load_and_merge(tmp_path: Path) -> None:
@@ -189,7 +215,7 @@ def test_target_verdict_never_calls_all_skipped_lossless(
     verdicts: tuple[Verdict, ...], expected: TargetVerdict
 ) -> None:
     """SKIPPED checks decide nothing beside others; all SKIPPED (nothing tested) is
-    UNAVAILABLE."""
+    UNAVAILABLE when nothing fell short of the design (every case excluded by declaration)."""
     context = _context()
     checks = [context.untested(f"check{i}", v, "m") for i, v in enumerate(verdicts)]
     assert target_verdict(checks) is expected
