@@ -1,9 +1,10 @@
 """``losslessness audit``: audit targets on the battery (one shard of the run engine at
 the CI plan's steps).
 
-Exit codes: 0 lossless (also when only the SUBOPTIMAL warning fires), 1 lossy, 2 usage error,
-3 a target crashed, hung or could not be loaded (recorded per check; the other checks still
-run), 130 interrupted by SIGINT (Ctrl-C), 143 terminated by SIGTERM: the finished results are
+Exit codes: 0 lossless at the design stated in the verdict line (also when only the SUBOPTIMAL
+warning fires), 1 lossy, 2 usage error, 3 a target crashed, hung or could not be loaded
+(recorded per check; the other checks still run), 4 inconclusive (the design was not reached),
+130 interrupted by SIGINT (Ctrl-C), 143 terminated by SIGTERM: the finished results are
 written and printed first (:mod:`losslessness.commands.signals`).
 """
 

@@ -1,4 +1,5 @@
-"""Hostile chain verifiers for the worker-process tests (:mod:`tests.engine.test_worker`): each
+"""Hostile chain verifiers for the worker-process tests (:mod:`tests.engine.test_worker`) and
+the red-team tests (:mod:`tests.commands.test_red_team`): each
 is the reference verifier except for one misbehaviour, named as
 ``tests.engine.hostile_targets:<function>`` targets so that they run in a worker process.
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import signal
 import sys
 import threading
@@ -71,6 +73,27 @@ def spins_on_small_vocab(
             spins += 1
         except BaseException:
             spins = 0
+    return verify(target_probs, draft_probs, draft_token_ids, generator)
+
+
+def spins_in_c_on_small_vocab(
+    target_probs: torch.Tensor, draft_probs: torch.Tensor, draft_token_ids: torch.Tensor,
+    generator: torch.Generator,
+) -> torch.Tensor:
+    """Hangs inside one C call that never checks for signals on V = 2 (catastrophic regex
+    backtracking, 2^64 steps), as a compiled kernel's endless loop does."""
+    if _small(target_probs):
+        re.match(r"(a+)+$", "a" * 64 + "b")
+    return verify(target_probs, draft_probs, draft_token_ids, generator)
+
+
+def raises_keyboard_interrupt_on_small_vocab(
+    target_probs: torch.Tensor, draft_probs: torch.Tensor, draft_token_ids: torch.Tensor,
+    generator: torch.Generator,
+) -> torch.Tensor:
+    """Raises ``KeyboardInterrupt`` itself on V = 2, as if the user had pressed Ctrl-C."""
+    if _small(target_probs):
+        raise KeyboardInterrupt
     return verify(target_probs, draft_probs, draft_token_ids, generator)
 
 

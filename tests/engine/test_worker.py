@@ -4,7 +4,9 @@ during a call is an ERROR for that case only (the worker restarts, the next case
 into an input is a protocol violation; nothing the target does at import or in its threads
 reaches the parent. The hostile targets are in :mod:`tests.engine.hostile_targets`.
 
-Every worker imports torch when it starts (2-4 s here), so the tests share them where they can.
+Every worker imports torch when it starts (2-4 s here), so the tests share them where they can;
+the engine-level twins of what :mod:`tests.commands.test_red_team` pins through the command line
+(input writes, monkeypatching, threads) run under the ``slow`` mark.
 """
 
 from __future__ import annotations
@@ -204,6 +206,7 @@ def test_hanging_call_is_killed_at_the_timeout_and_the_next_case_runs(function: 
     assert all("target hung" in c.message for c in target.checks if c.case_id == "v2-tilted")  # type: ignore[attr-defined]
 
 
+@pytest.mark.slow
 def test_target_writing_into_its_inputs_is_a_protocol_violation() -> None:
     """A verifier that writes q over p in its input buffer raises ProtocolViolation naming the
     argument; in an audit its case is LOSSY as malformed, never decided on altered inputs."""
@@ -246,6 +249,7 @@ def test_exceptions_keep_their_types_or_names(isolated_reference: Adapter) -> No
     assert caught.value.type_name == "TypeError" and "missing" in caught.value.message
 
 
+@pytest.mark.slow
 def test_monkeypatching_the_auditor_in_the_target_does_not_reach_the_parent() -> None:
     """A lossy target whose module replaces the auditor's verdict function at import is still
     LOSSY: its module is imported only in the worker."""
@@ -258,6 +262,7 @@ def test_monkeypatching_the_auditor_in_the_target_does_not_reach_the_parent() ->
     assert HOSTILE not in sys.modules
 
 
+@pytest.mark.slow
 def test_non_daemon_thread_of_the_target_does_not_keep_the_audit_alive() -> None:
     """A process that called a target which left a non-daemon thread running exits at once."""
     script = (
