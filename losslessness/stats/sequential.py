@@ -115,6 +115,18 @@ def split_alpha(alpha: float, share: float = SEQUENTIAL_ALPHA_SHARE) -> AlphaSpl
     return AlphaSplit(level * share, level * (1.0 - share))
 
 
+def _dirichlet_log_marginal(counts: np.ndarray, concentration: float) -> float:
+    """log of the Dirichlet(``concentration``)-multinomial marginal likelihood of the cell
+    ``counts`` (any shape, float64), the numerator of the mixture e-values below."""
+    n = float(counts.sum())
+    cells = counts.size
+    return float(
+        special.gammaln(cells * concentration)
+        - special.gammaln(n + cells * concentration)
+        + float((special.gammaln(counts + concentration) - special.gammaln(concentration)).sum())
+    )
+
+
 def multinomial_log_evalue(
     counts: NDArray[np.int64], probs: NDArray[np.float64], concentration: float = KT_CONCENTRATION
 ) -> float:
@@ -149,14 +161,9 @@ def multinomial_log_evalue(
     n = float(observed.sum())
     if n == 0:
         return 0.0
-    cells = p.size
-    a = concentration
-    log_marginal = (
-        special.gammaln(cells * a)
-        - special.gammaln(n + cells * a)
-        + float((special.gammaln(observed + a) - special.gammaln(a)).sum())
+    return float(
+        _dirichlet_log_marginal(observed, concentration) - float((observed * np.log(p)).sum())
     )
-    return float(log_marginal - float((observed * np.log(p)).sum()))
 
 
 def cell_partitions(
@@ -262,13 +269,7 @@ def independence_log_evalue(
     n = float(counts.sum())
     if n == 0:
         return 0.0
-    cells = counts.size
-    a = concentration
-    log_marginal = (
-        special.gammaln(cells * a)
-        - special.gammaln(n + cells * a)
-        + float((special.gammaln(counts + a) - special.gammaln(a)).sum())
-    )
+    log_marginal = _dirichlet_log_marginal(counts, concentration)
     rows, columns = counts.sum(axis=1), counts.sum(axis=0)
     null = float(special.xlogy(rows, rows / n).sum() + special.xlogy(columns, columns / n).sum())
     return float(log_marginal - null)
