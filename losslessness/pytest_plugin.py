@@ -52,6 +52,9 @@ class SuiteTarget:
         greedy_tree_name: ``--losslessness-tree-greedy``, or None.
         timeout_s: ``--losslessness-timeout``: seconds one call of a target may take (None:
             the audit's default, :data:`losslessness.config.DEFAULT_TIMEOUT_S`).
+        in_process: ``--losslessness-in-process``: every target in pytest's own process, as
+            the audit's ``--in-process`` (debugging; by default a target the audit did not
+            ship runs in a worker process, :func:`losslessness.targets.runs_in_process`).
     """
 
     chain_name: str | None
@@ -60,6 +63,7 @@ class SuiteTarget:
     tree_name: str | None = None
     greedy_tree_name: str | None = None
     timeout_s: float | None = None
+    in_process: bool = False
     _loaded: dict[tuple[str, str], Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -79,7 +83,9 @@ class SuiteTarget:
         key = (name, protocol)
         if key not in self._loaded:
             try:
-                adapter = resolve_adapter(name, protocol=protocol)
+                adapter = resolve_adapter(
+                    name, protocol=protocol, in_process=True if self.in_process else None
+                )
             except (AdapterNotFound, AdapterUnavailable) as error:
                 raise pytest.UsageError(f"{option}={name}: {error}") from error
             worker = worker_of(adapter)
@@ -144,13 +150,16 @@ class SuiteTarget:
         parts.append(f"--losslessness-profile={self.profile or 'ci'}")
         if self.timeout_s is not None:
             parts.append(f"--losslessness-timeout={self.timeout_s:g}")
+        if self.in_process:
+            parts.append("--losslessness-in-process")
         parts.append(f"-k {test_name}")
         return " ".join(parts)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     """Add ``--losslessness-target``, ``--losslessness-greedy``, ``--losslessness-tree``,
-    ``--losslessness-tree-greedy``, ``--losslessness-timeout`` and ``--losslessness-profile``."""
+    ``--losslessness-tree-greedy``, ``--losslessness-timeout``, ``--losslessness-in-process``
+    and ``--losslessness-profile``."""
     from strategies.profiles import add_profile_option
 
     group = parser.getgroup("losslessness", "losslessness property suite")
@@ -186,6 +195,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="seconds one call of a target may take; a longer call fails its test (default: "
         "the audit's --timeout default)",
     )
+    group.addoption(
+        "--losslessness-in-process",
+        action="store_true",
+        default=False,
+        help="debugging: run the targets in pytest's own process, not in a worker process",
+    )
     add_profile_option(parser)
 
 
@@ -216,4 +231,5 @@ def losslessness_target(request: pytest.FixtureRequest) -> SuiteTarget:
         tree_name=config.getoption("losslessness_tree"),
         greedy_tree_name=config.getoption("losslessness_tree_greedy"),
         timeout_s=config.getoption("losslessness_timeout"),
+        in_process=config.getoption("losslessness_in_process"),
     )

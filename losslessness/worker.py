@@ -621,9 +621,8 @@ class TargetWorker:
     def _block(self, size: int) -> SharedMemory:
         """The shared-memory block, at least ``size`` bytes (a new, larger one replaces it)."""
         if self._memory is None or self._memory.size < size:
-            if self._memory is not None:
-                self._release_memory()
             old = 0 if self._memory is None else self._memory.size
+            self._release_memory()
             self._memory = SharedMemory(create=True, size=max(size, 2 * old, 1 << 16))
             self._written.clear()
         return self._memory
