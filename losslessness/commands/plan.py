@@ -15,6 +15,7 @@ from losslessness.commands.audit import report_console, resolve_named_targets
 from losslessness.commands.options import build_config, design_options
 from losslessness.engine import RunPlan, plan_run
 from losslessness.stats import identity_minimum_detectable_tv
+from reports.text import terminal_text
 
 
 def expected_minimum_detectable_tv(plan: RunPlan, case_id: str) -> float:
@@ -102,9 +103,9 @@ def plan_command(
                     f"{entry.plan.min_detectable_tv:.3g}"
                     + (" (capped)" if entry.plan.capped else "")
                 )
-            console.print(f"end-to-end {name} {entry.target.name}: {detail}")
+            console.print(terminal_text(f"end-to-end {name} {entry.target.name}: {detail}"))
     for name, reason, _ in record.unavailable:
-        console.print(f"unavailable {name}: {reason}")
+        console.print(terminal_text(f"unavailable {name}: {reason}"))
     kinds: dict[str, int] = {}
     for unit in record.units:
         kinds[unit.kind] = kinds.get(unit.kind, 0) + 1

@@ -110,7 +110,7 @@ class FailureKind(str, enum.Enum):
     optional package is missing here. STOPPED: a chain chunk or tree unit not sampled because
     its case or target was already decided LOSSY (sequential early stop) or the time budget
     was spent: not an error, the case's checks run on what was sampled. INCOMPLETE: the run was
-    interrupted (Ctrl-C) before the unit finished.
+    interrupted (SIGINT, SIGTERM) before the unit finished.
     """
 
     PROTOCOL = "protocol"

@@ -18,7 +18,7 @@ from losslessness.engine.shards import FailureKind, ShardSpec, UnitRecord
 from losslessness.engine.tables import CountTable
 from losslessness.results import CheckContext, CheckResult, Verdict
 
-INTERRUPTED_MESSAGE = "not run: the run was interrupted (Ctrl-C) before this unit finished"
+INTERRUPTED_MESSAGE = "not run: the run was interrupted (a signal) before this unit finished"
 
 ProgressCallback = Callable[[int, int, str], None]
 """Called with (steps done, steps planned, label of the current unit)."""
