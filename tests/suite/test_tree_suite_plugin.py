@@ -33,8 +33,13 @@ LOSSY_TREE_MUTANTS = [
 
 def run_suite(*options: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     """pytest from an empty directory with the repository on PYTHONPATH; one torch thread, as
-    the 2-core machine is shared."""
-    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", *options]
+    the 2-core machine is shared. These tests pin the tree suite's power, so the verifiers run
+    in-process (``--losslessness-in-process``); the plugin's isolation is pinned in
+    tests/engine/test_worker.py."""
+    command = [
+        sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
+        "--losslessness-in-process", *options,
+    ]
     environment = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     environment.pop("LOSSLESSNESS_HYPOTHESIS_PROFILE", None)
     return subprocess.run(
