@@ -454,7 +454,7 @@ def test_load_device_adapter_resolves_through_the_registry_and_binds_the_device(
     registered = OnDevice()
     asked: list[str] = []
 
-    def resolve(name: str) -> Adapter:
+    def resolve(name: str, in_process: bool | None = None) -> Adapter:
         asked.append(name)
         if name == "missing":
             raise AdapterNotFound("'missing': not a registered adapter")

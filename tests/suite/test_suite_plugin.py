@@ -86,7 +86,10 @@ def test_suite_fails_on_each_wrong_verifier_with_a_replayable_message(
     # shrinks to V = 17, the smallest of that half.
     assert min_vocab <= vocab <= max(min_vocab, SMALL_VOCAB + 1) + 15 and batch == 1 and k <= 2
     assert re.search(r"seed \d+ \(derived from the case hash [0-9a-f]{12}\)", output)
-    assert f"replay: pytest --losslessness-target={target} --losslessness-profile=ci -k" in output
+    assert (
+        f"replay: pytest --losslessness-target={target} --losslessness-profile=ci "
+        "--losslessness-in-process -k"
+    ) in output
 
 
 def test_suite_passes_sample_and_match_with_a_suboptimal_warning(tmp_path: Path) -> None:
