@@ -15,10 +15,12 @@ from losslessness.suite.support import CHAIN_WITNESS_CASES, run_chain_example, s
 @settings(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(case=suite_chain_cases())
 @example(case=CHAIN_WITNESS_CASES[0])
+@example(case=CHAIN_WITNESS_CASES[1])
 def test_chain_verifier_is_lossless(case: ChainCase, losslessness_target: SuiteTarget) -> None:
     """Every emitted token follows p at its position, acceptance never exceeds sum min(p, q),
     outputs are well-formed, and identical rows of a batch are independent (first on the
-    explicit witness case, where a wrong residual after an accepted prefix shows)."""
+    explicit witness cases, where a wrong residual after an accepted prefix and a floor on tiny
+    target masses show)."""
     run_chain_example(
         losslessness_target.chain(), case, losslessness_target.replay("test_chain_verifier"),
         losslessness_target.call_timeout_s,
