@@ -117,15 +117,24 @@ def test_tree_target_without_a_tree_verifier_is_a_usage_error(tmp_path: Path) ->
     )
 
 
-@pytest.mark.parametrize("spec", LOSSY_TREE_MUTANTS, ids=[s.name for s in LOSSY_TREE_MUTANTS])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        # The greedy mutants' shrink takes minutes on 2 cores; the greedy shrink and its
+        # message are pinned above (greedy_final_from_parent), these run in ``tox -e slow``.
+        pytest.param(spec, id=spec.name, marks=pytest.mark.slow)
+        if spec.protocol == "greedy-tree"
+        else pytest.param(spec, id=spec.name)
+        for spec in LOSSY_TREE_MUTANTS
+    ],
+)
 def test_suite_fails_on_every_lossy_tree_mutant_with_a_shrunk_tree_and_a_replay_line(
     spec: object, tmp_path: Path
 ) -> None:
     """Each lossy tree mutant of the zoo, given alone to its option (``--losslessness-tree``, or
     ``--losslessness-tree-greedy`` for the greedy ones), fails the suite (ci profile) with a
-    LOSSY tree check, the shrunk tree's parents and a replay line naming it (5-10 s each,
-    about 50 s for the greedy one, whose failure Hypothesis shrinks; 117 s for all eleven
-    on one core)."""
+    LOSSY tree check, the shrunk tree's parents and a replay line naming it (5-10 s each;
+    a greedy one, whose failure Hypothesis shrinks for minutes, only in ``tox -e slow``)."""
     assert isinstance(spec, Mutant)
     greedy = spec.protocol == "greedy-tree"
     option = "--losslessness-tree-greedy" if greedy else "--losslessness-tree"
