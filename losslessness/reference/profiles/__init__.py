@@ -13,7 +13,14 @@ itself in :data:`PROFILES`.
 
 from __future__ import annotations
 
-from losslessness.reference.profiles import transformers, vllm_v1
+from losslessness.reference.profiles import (
+    flashinfer,
+    llamacpp,
+    sglang,
+    transformers,
+    vllm_v1,
+    vllm_v2,
+)
 from losslessness.reference.profiles.registry import (
     PROFILES,
     EngineProfile,
@@ -25,9 +32,13 @@ from losslessness.reference.profiles.registry import (
 __all__ = [
     "PROFILES",
     "EngineProfile",
+    "flashinfer",
     "get_profile",
+    "llamacpp",
     "position_laws",
     "register",
+    "sglang",
     "transformers",
     "vllm_v1",
+    "vllm_v2",
 ]
