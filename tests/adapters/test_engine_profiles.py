@@ -20,7 +20,10 @@ then ``top_k_top_p_min_p_sampling_from_probs_torch(..., return_filtered_probs=Tr
 pinned environment lacks, so the test executes these functions' source verbatim from the
 installed files; FlashInfer is not installed in the engines environment, so
 ``sglang-flashinfer`` is not compared. transformers: the ``LogitsProcessorList`` that
-``GenerationMixin._get_logits_processor`` builds from a ``GenerationConfig``.
+``GenerationMixin._get_logits_processor`` builds from a ``GenerationConfig``. vLLM's model
+runner v2: its bias-state and penalty kernels (``apply_logit_bias``, ``apply_penalties``), then
+its temperature and min-p kernels, all through Triton's interpreter, then the shared
+``apply_top_k_top_p``; its bad-words kernel is not driven.
 """
 
 from __future__ import annotations
@@ -282,6 +285,111 @@ def test_vllm_v1_sampler_matches_the_vllm_v1_profile(vllm_cpu: SimpleNamespace) 
         for row, request in enumerate(requests):
             engine = processed[row] if request.greedy else probs[row]
             _compare_row(tally, "vllm-v1", logits[row], request, engine)
+    _finish(tally)
+
+
+VLLM_V2_FIELDS = VLLM_FIELDS - {"bad_token_ids"}
+"""Model runner v2's bad-words kernel reads the whole token buffer of its request states: not
+driven here (one-token bad words are a ``-inf`` either way)."""
+
+
+def _int32_rows(rows: list[list[int]], width: int) -> torch.Tensor:
+    out = torch.zeros(len(rows), width, dtype=torch.int32)
+    for index, row in enumerate(rows):
+        out[index, : len(row)] = torch.tensor(row, dtype=torch.int32)
+    return out
+
+
+def _packed_bits(tokens: set[int]) -> list[int]:
+    words = [0] * math.ceil(V / 32)
+    for token in tokens:
+        words[token // 32] |= 1 << (token % 32)
+    return [w - (1 << 32) if w >= 1 << 31 else w for w in words]
+
+
+def _vllm_v2_processed(requests: list[Request], logits: torch.Tensor) -> torch.Tensor:
+    """Model runner v2's Triton kernels, in ``Sampler.apply_sampling_params``'s order (bias
+    state, penalties), on a copy of ``logits``: the processed logits before temperature."""
+    from vllm.v1.worker.gpu.sample.logit_bias import apply_logit_bias
+    from vllm.v1.worker.gpu.sample.penalties import apply_penalties
+
+    rows = len(requests)
+    mapping = torch.arange(rows, dtype=torch.int32)
+    prompt_lens = [len(r.prompt_token_ids) for r in requests]
+    pos = torch.tensor(
+        [p + len(r.output_token_ids) - 1 for p, r in zip(prompt_lens, requests, strict=True)],
+        dtype=torch.int64,
+    )
+    allowed = [list(r.allowed_token_ids or ()) for r in requests]
+    stops = [list(r.stop_token_ids) if r.min_tokens > 0 else [] for r in requests]
+    biases = torch.zeros(rows, V)
+    for row, request in enumerate(requests):
+        for column, (_, value) in enumerate(request.logit_bias):
+            biases[row, column] = value
+    min_lens = torch.tensor(
+        [p + r.min_tokens for p, r in zip(prompt_lens, requests, strict=True)], dtype=torch.int32
+    )
+    out = logits.clone()
+    apply_logit_bias(
+        out,
+        mapping,
+        pos,
+        torch.tensor([len(a) for a in allowed], dtype=torch.int32),
+        _int32_rows(allowed, V),
+        torch.tensor([len(r.logit_bias) for r in requests], dtype=torch.int32),
+        _int32_rows([[t for t, _ in r.logit_bias] for r in requests], V),
+        biases,
+        min_lens,
+        torch.tensor([len(s) for s in stops], dtype=torch.int32),
+        torch.zeros(rows, dtype=torch.int32),
+        _int32_rows(stops, V),
+    )
+    counts = torch.zeros(rows, V, dtype=torch.int32)
+    for row, request in enumerate(requests):
+        for token in request.output_token_ids:
+            counts[row, token] += 1
+    apply_penalties(
+        out,
+        mapping,
+        torch.zeros(rows, dtype=torch.int64),
+        torch.zeros(rows, dtype=torch.int32),
+        torch.tensor([r.repetition_penalty for r in requests]),
+        torch.tensor([r.frequency_penalty for r in requests]),
+        torch.tensor([r.presence_penalty for r in requests]),
+        torch.tensor([_packed_bits(set(r.prompt_token_ids)) for r in requests], dtype=torch.int32),
+        counts,
+    )
+    return out
+
+
+@needs_vllm
+def test_vllm_v2_kernels_match_the_vllm_v2_profile(vllm_cpu: SimpleNamespace) -> None:
+    """Model runner v2's bias and penalty kernels, then its temperature and min-p kernels and
+    ``apply_top_k_top_p``, give the ``vllm-v2`` profile's law; greedy rows its argmax."""
+    from vllm.v1.worker.gpu.sample.gumbel import apply_temperature
+    from vllm.v1.worker.gpu.sample.min_p import apply_min_p
+
+    gen = torch.Generator().manual_seed(20260224)
+    tally = Tally("vllm-v2")
+    for _ in range(BATCHES // 3):
+        requests = [_random_request(gen, VLLM_V2_FIELDS, 4) for _ in range(BATCH)]
+        logits = torch.randn(BATCH, V, generator=gen) * 2.0
+        processed = _vllm_v2_processed(requests, logits)
+        scaled = processed.clone()
+        mapping = torch.arange(BATCH, dtype=torch.int32)
+        # SamplingParams raises 0 < T < 1e-2 to 1e-2; greedy rows carry T = 0.
+        temperature = torch.tensor(
+            [0.0 if r.greedy else max(r.temperature, 1e-2) for r in requests]
+        )
+        apply_temperature(scaled, mapping, temperature)
+        apply_min_p(scaled, mapping, torch.tensor([r.min_p or 0.0 for r in requests]))
+        top_k = torch.tensor([r.top_k if r.top_k else V for r in requests], dtype=torch.int32)
+        top_p = torch.tensor([r.top_p or 1.0 for r in requests])
+        scaled = vllm_cpu.topk_topp.apply_top_k_top_p(scaled, top_k, top_p)
+        probs = scaled.softmax(dim=-1, dtype=torch.float32)
+        for row, request in enumerate(requests):
+            engine = processed[row] if request.greedy else probs[row]
+            _compare_row(tally, "vllm-v2", logits[row], request, engine)
     _finish(tally)
 
 

@@ -40,7 +40,9 @@ Findings stated here, not hidden in the profile:
   is its address, so whether the repetition penalty runs before or after the frequency and
   presence penalties can change from one process to the next. The profile applies the additive
   penalties first, then the repetition penalty: the order SGLang itself uses in its speculative
-  path (``BatchedPenalizerOrchestrator.apply(..., repeat=...)``) and its overlap mode.
+  path (``BatchedPenalizerOrchestrator.apply(..., repeat=...)``) and its overlap mode. Observed:
+  two runs of ``tests/adapters/test_engine_profiles.py`` on the same machine took the two
+  orders (logit 3, repetition 2, frequency 1: 1.0 in one process, 0.5 in the other).
 - ``need_min_p_sampling`` is a batch flag: under the FlashInfer backend a request without min-p
   gets the sequential top-k-then-top-p law when *another* request of the batch sets min-p, the
   joint law otherwise. The profile states the law of a batch whose other rows do not set min-p
