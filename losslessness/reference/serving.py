@@ -26,7 +26,7 @@ import torch
 
 from losslessness.cases import ServingCase
 from losslessness.protocol import PLACEHOLDER, validate_serving_inputs
-from losslessness.reference.profiles import EngineProfile
+from losslessness.reference.profiles import EngineProfile, get_profile
 from losslessness.requests import Request
 from losslessness.seeding import derive_seed
 
@@ -34,6 +34,7 @@ __all__ = [
     "MAX_ENUMERATED_PREFIXES",
     "ServingReference",
     "ServingRowLaws",
+    "inverse_cdf",
     "reach_probabilities",
     "reads_history",
     "row_seed",
@@ -69,8 +70,8 @@ def _uniform(generator: torch.Generator) -> float:
     return float(torch.rand((), generator=generator, dtype=torch.float64))
 
 
-def _inverse_cdf(weights: torch.Tensor, u: float) -> int:
-    """The token whose cumulative mass first exceeds ``u`` times the total (never a token of
+def inverse_cdf(weights: torch.Tensor, u: float) -> int:
+    """The index whose cumulative mass first exceeds ``u`` times the total (never a token of
     zero weight)."""
     cdf = torch.cumsum(weights, dim=0)
     index = int(torch.searchsorted(cdf, u * float(cdf[-1]), right=True))
@@ -84,15 +85,28 @@ class ServingReference:
     :mod:`losslessness.protocol`).
 
     Args:
-        profile: the engine's non-speculative law.
+        profile: the engine's non-speculative law, or its registered name (looked up on the
+            first call, so that the zoo can name a profile before its module is imported).
 
     Subclasses in the zoo override one step each (:meth:`target_law`, :meth:`correction`,
     :meth:`row_generator`) to reproduce an engine's bug.
     """
 
-    def __init__(self, profile: EngineProfile) -> None:
-        self.profile = profile
-        self.__name__ = self.__qualname__ = f"{type(self).__name__}[{profile.name}]"
+    def __init__(self, profile: EngineProfile | str) -> None:
+        self._profile = profile
+        name = profile if isinstance(profile, str) else profile.name
+        self.__name__ = self.__qualname__ = f"{type(self).__name__}[{name}]"
+
+    @property
+    def profile(self) -> EngineProfile:
+        """The engine profile (resolved from its name on first use).
+
+        Raises:
+            ValueError: no profile of that name is registered.
+        """
+        if isinstance(self._profile, str):
+            self._profile = get_profile(self._profile)
+        return self._profile
 
     def target_law(self, logits: torch.Tensor, request: Request, history: list[int]) -> torch.Tensor:
         """p' at one position: the profile's law, ``[V]`` float64."""
@@ -102,7 +116,7 @@ class ServingReference:
                    generator: torch.Generator) -> int:
         """The token drawn from ``weights`` (the residual or the bonus law) with a fresh
         uniform of ``generator``."""
-        return _inverse_cdf(weights, _uniform(generator))
+        return inverse_cdf(weights, _uniform(generator))
 
     def row_generator(self, request: Request, generator: torch.Generator,
                       requests: Sequence[Request]) -> torch.Generator:
