@@ -136,7 +136,7 @@ class ServingVerifier(Protocol):
         draft_token_ids: ``[B, k]`` int64; entries at and after ``num_draft_tokens[b]`` are
             :data:`PLACEHOLDER`.
         num_draft_tokens: ``[B]`` int64 in ``0..k``: each row's own number of drafts.
-        requests: B :class:`~losslessness.requests.Request`\ s, the rows' sampling
+        requests: B :class:`~losslessness.requests.Request` objects, the rows' sampling
             parameters and output histories.
         generator: randomness of the unseeded rows. A seeded row (``request.seed`` not None)
             draws only from randomness derived from its seed and its history length
