@@ -391,16 +391,15 @@ class ServingRow:
             )
         if (self.draft_probs is None) == (self.drafts is None):
             raise InvalidInputError("drafts", "give draft_probs or fixed drafts, exactly one")
-        if self.draft_probs is not None:
-            if tuple(self.draft_probs.shape) != (positions - 1, vocab):
-                raise InvalidInputError("draft_probs", f"expected [k, V] = {(positions - 1, vocab)}")
-        elif self.drafts is not None:
-            if len(self.drafts) != self.num_draft_tokens or any(
-                not 0 <= d < vocab for d in self.drafts
-            ):
-                raise InvalidInputError(
-                    "drafts", f"expected {self.num_draft_tokens} ids in [0, {vocab})"
-                )
+        if self.draft_probs is not None and tuple(self.draft_probs.shape) != (positions - 1, vocab):
+            raise InvalidInputError("draft_probs", f"expected [k, V] = {(positions - 1, vocab)}")
+        if self.drafts is not None and (
+            len(self.drafts) != self.num_draft_tokens
+            or any(not 0 <= d < vocab for d in self.drafts)
+        ):
+            raise InvalidInputError(
+                "drafts", f"expected {self.num_draft_tokens} ids in [0, {vocab})"
+            )
         try:
             self.request.check_vocabulary(vocab)
         except ValueError as error:

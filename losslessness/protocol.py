@@ -919,7 +919,9 @@ def validate_serving_output(
     batch, k = draft_token_ids.shape
     if not isinstance(output, torch.Tensor) or tuple(output.shape) != (batch, k + 1):
         shape = tuple(output.shape) if isinstance(output, torch.Tensor) else type(output).__name__
-        raise InvalidInputError("output", f"expected shape {(batch, k + 1)} = [B, k+1], got {shape}")
+        raise InvalidInputError(
+            "output", f"expected shape {(batch, k + 1)} = [B, k+1], got {shape}"
+        )
     if output.is_floating_point() or output.dtype == torch.bool:
         raise InvalidInputError("output", f"expected an integer dtype (int64), got {output.dtype}")
     tokens = output.long()

@@ -174,8 +174,8 @@ class Adapter:
         verifiers = (self.chain, self.greedy, self.tree, self.greedy_tree, self.serving)
         if all(verifier is None for verifier in verifiers) and not self.end_to_end:
             raise ValueError(
-                f"adapter {self.name!r}: needs a chain, greedy, tree, greedy tree or serving verifier, "
-                "or an end-to-end target"
+                f"adapter {self.name!r}: needs a chain, greedy, tree, greedy tree or serving "
+                "verifier, or an end-to-end target"
             )
         if (self.expected_verdict is None) != (self.expected_reason is None):
             raise ValueError(

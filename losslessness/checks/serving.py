@@ -282,7 +282,9 @@ def _law_result(
     p = expected_mass / max(n, 1)
     if impossible:
         verdict = Verdict.LOSSY
-        message = f"{where}: {impossible} of {n} emitted tokens have law 0 (tokens {bad_tokens[:5]})"
+        message = (
+            f"{where}: {impossible} of {n} emitted tokens have law 0 (tokens {bad_tokens[:5]})"
+        )
     elif pvalue <= context.alpha:
         verdict = Verdict.LOSSY
         observed = total_counts / max(n, 1)

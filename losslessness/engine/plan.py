@@ -58,7 +58,6 @@ from losslessness.batteries import (
 from losslessness.cases import ChainCase, GreedyCase, GreedyTreeCase, ServingCase, TreeCase
 from losslessness.checks import STATISTICAL_CHAIN_CHECK_IDS, count_statistical_assertions
 from losslessness.checks.assertions import case_laws, law_is_statistical
-from losslessness.checks.serving import serving_assertion_count, serving_design
 from losslessness.checks.ids import (
     CHAIN_CHECK_IDS,
     DRAFTS_ACCEPTED_CHECK_ID,
@@ -73,6 +72,7 @@ from losslessness.checks.ids import (
     TREE_CHECK_IDS,
     TREE_GREEDY_CHECK_ID,
 )
+from losslessness.checks.serving import serving_assertion_count, serving_design
 from losslessness.checks.tree_assertions import tree_assertions, tree_steps
 from losslessness.config import RunConfig
 from losslessness.engine.draw import rows_per_call

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from losslessness.adapters import NotApplicable
+from losslessness.batteries import SERVING_CI_MAX_STEPS
 from losslessness.cases import GreedyCase, GreedyTreeCase
 from losslessness.checks import malformed_output_result, run_tree_checks
 from losslessness.checks.greedy import check_greedy
@@ -34,9 +35,7 @@ from losslessness.engine.draw import (
     sample_greedy_tree,
     sample_tree,
 )
-from losslessness.engine.serving import sample_serving
 from losslessness.engine.end_to_end import EndToEndPlan, end_to_end_checks, sample_end_to_end
-from losslessness.batteries import SERVING_CI_MAX_STEPS
 from losslessness.engine.plan import (
     MIN_STEPS,
     RunPlan,
@@ -45,6 +44,7 @@ from losslessness.engine.plan import (
     end_to_end_check_ids,
     load_device_checks,
 )
+from losslessness.engine.serving import sample_serving
 from losslessness.engine.shards import FailureKind, SuiteRun, UnitRecord
 from losslessness.engine.state import (
     ShardState,

@@ -108,7 +108,9 @@ class ServingReference:
             self._profile = get_profile(self._profile)
         return self._profile
 
-    def target_law(self, logits: torch.Tensor, request: Request, history: list[int]) -> torch.Tensor:
+    def target_law(
+        self, logits: torch.Tensor, request: Request, history: list[int]
+    ) -> torch.Tensor:
         """p' at one position: the profile's law, ``[V]`` float64."""
         return self.profile.law(logits, request, history)
 

@@ -28,6 +28,7 @@ from losslessness.requests import Request
 from losslessness.zoo.entry import Mutant
 
 __all__ = [
+    "ZOO_PROFILE",
     "DefaultSamplingParams",
     "DropsMinPAndLogitBias",
     "IgnoresFrequencyPenalty",
@@ -36,7 +37,6 @@ __all__ = [
     "SparseSupportSampling",
     "StaleNoiseForUnseededRows",
     "TopPBeforeTopK",
-    "ZOO_PROFILE",
     "serving_zoo",
 ]
 
@@ -50,7 +50,9 @@ class DefaultSamplingParams(ServingReference):
     had used the request's: the verifier processes the target logits without the request's
     temperature and top-p (greedy rows stay greedy)."""
 
-    def target_law(self, logits: torch.Tensor, request: Request, history: list[int]) -> torch.Tensor:
+    def target_law(
+        self, logits: torch.Tensor, request: Request, history: list[int]
+    ) -> torch.Tensor:
         """The profile's law at temperature 1 without top-p."""
         if not request.greedy:
             request = dataclasses.replace(request, temperature=1.0, top_p=None)
@@ -60,7 +62,9 @@ class DefaultSamplingParams(ServingReference):
 class DropsMinPAndLogitBias(ServingReference):
     """vLLM #42744: min_p and logit_bias silently dropped on the verified tokens."""
 
-    def target_law(self, logits: torch.Tensor, request: Request, history: list[int]) -> torch.Tensor:
+    def target_law(
+        self, logits: torch.Tensor, request: Request, history: list[int]
+    ) -> torch.Tensor:
         """The profile's law without min-p and logit bias."""
         request = dataclasses.replace(request, min_p=None, logit_bias=())
         return super().target_law(logits, request, history)
@@ -69,7 +73,9 @@ class DropsMinPAndLogitBias(ServingReference):
 class IgnoresFrequencyPenalty(ServingReference):
     """vLLM #18902: the frequency penalty is ignored under speculative decoding."""
 
-    def target_law(self, logits: torch.Tensor, request: Request, history: list[int]) -> torch.Tensor:
+    def target_law(
+        self, logits: torch.Tensor, request: Request, history: list[int]
+    ) -> torch.Tensor:
         """The profile's law without the frequency penalty."""
         request = dataclasses.replace(request, frequency_penalty=0.0)
         return super().target_law(logits, request, history)
@@ -79,7 +85,9 @@ class IgnoresPenalties(ServingReference):
     """TensorRT-LLM #17701: one-model speculative decoding ignores every penalty
     (frequency, presence, repetition)."""
 
-    def target_law(self, logits: torch.Tensor, request: Request, history: list[int]) -> torch.Tensor:
+    def target_law(
+        self, logits: torch.Tensor, request: Request, history: list[int]
+    ) -> torch.Tensor:
         """The profile's law without penalties."""
         request = dataclasses.replace(
             request, frequency_penalty=0.0, presence_penalty=0.0, repetition_penalty=1.0
@@ -92,7 +100,9 @@ class TopPBeforeTopK(ServingReference):
     top-k, the other order from the normal sampler's: the profile's law without both, then a
     top-p cut, then a top-k cut, renormalised."""
 
-    def target_law(self, logits: torch.Tensor, request: Request, history: list[int]) -> torch.Tensor:
+    def target_law(
+        self, logits: torch.Tensor, request: Request, history: list[int]
+    ) -> torch.Tensor:
         """Top-p, then top-k, on the profile's law without either."""
         plain = dataclasses.replace(request, top_k=None, top_p=None)
         p = super().target_law(logits, plain, history).clone()
