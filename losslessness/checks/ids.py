@@ -93,8 +93,8 @@ ALL_CHECK_IDS = (
     *SEQUENCE_CHECK_IDS,
     *TREE_CHECK_IDS,
     *GREEDY_TREE_CHECK_IDS,
-    PVALUES_CHECK_ID,
     *SERVING_CHECK_IDS,
+    PVALUES_CHECK_ID,
 )
 """Every check id of a run's targets (``--only`` also takes ``edge`` for every ``edge.*`` and
 ``tree`` for every ``tree.*``)."""
