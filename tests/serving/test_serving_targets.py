@@ -17,7 +17,8 @@ from tests.serving.profile import PROFILE_NAME, small_profile
 
 def test_serving_target_in_a_worker_receives_requests_and_none_draft_probs() -> None:
     """The target, isolated in its worker, raises unless it gets Request objects and None
-    draft probabilities; the audit of the no-draft-probabilities case is LOSSLESS."""
+    draft probabilities; the audit of the no-draft-probabilities case is LOSSLESS, and its
+    replay lines name the protocol and the profile."""
     small_profile()
     [adapter] = resolve_targets(["tests.serving.targets:records_call"], protocol="serving")
     assert not isinstance(adapter, str) and isinstance(adapter.serving, RemoteCallable)  # type: ignore[union-attr]
@@ -25,6 +26,11 @@ def test_serving_target_in_a_worker_receives_requests_and_none_draft_probs() -> 
     result = run_audit([adapter], RunConfig(cases=("serving-no-draft-probs",), steps=200))
     target = result.targets[0]
     assert target.verdict is TargetVerdict.LOSSLESS, [c.message for c in target.checks][:3]
+    replay = target.checks[-1].replay or ""
+    assert replay.startswith(
+        "losslessness audit --protocol serving tests.serving.targets:records_call "
+        f"--engine-profile {PROFILE_NAME} --seed"
+    ), replay
 
 
 def test_audit_cli_takes_protocol_serving_and_engine_profile() -> None:
