@@ -11,6 +11,9 @@ constants, not magic numbers.
 - :func:`logits_vectors`: ``[V]`` float64 logits with ``-inf`` masks, large magnitudes and ties.
 - :func:`sampling_parameters`, :class:`SamplingParameters` and
   :func:`apply_sampling_parameters`: temperature, top-k, top-p, min-p.
+- :func:`requests` and :func:`profile_inputs` (fields :data:`REQUEST_FIELDS`): serving
+  requests, each field on or off, and ``(logits, request, history)`` triples for the engine
+  profiles.
 - :func:`chain_cases`, :func:`greedy_cases` and :func:`verify_cases`: whole verifier inputs.
 - :func:`recording_labels` and :func:`label_frequencies`: which regimes the draws reached.
 - :data:`PROFILES`, :func:`load_profile`, :func:`add_profile_option` and
@@ -52,6 +55,7 @@ from strategies.profiles import (
     configure_profile,
     load_profile,
 )
+from strategies.requests import REQUEST_FIELDS, ProfileInput, profile_inputs, requests
 
 __all__ = [
     "LOGIT_SCALES",
@@ -60,8 +64,10 @@ __all__ = [
     "PROFILE_ENV_VAR",
     "REGIMES",
     "RELATIONS",
+    "REQUEST_FIELDS",
     "VERIFY_DTYPES",
     "LabelFrequencies",
+    "ProfileInput",
     "SamplingParameters",
     "VerifyCase",
     "add_profile_option",
@@ -74,8 +80,10 @@ __all__ = [
     "load_profile",
     "logits_vectors",
     "probability_vectors",
+    "profile_inputs",
     "recording_labels",
     "renormalise_then_cast",
+    "requests",
     "row_sum_tolerance",
     "sampling_parameters",
     "target_draft_pairs",

@@ -32,7 +32,15 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["SamplingParameters", "apply_sampling_parameters"]
+__all__ = [
+    "SamplingParameters",
+    "apply_sampling_parameters",
+    "min_p_filter",
+    "top_k_filter",
+    "top_p_filter",
+]
+
+_MINUS_INF = torch.tensor(-math.inf, dtype=torch.float64)
 
 
 @dataclass(frozen=True)
@@ -109,21 +117,68 @@ def apply_sampling_parameters(logits: torch.Tensor, params: SamplingParameters) 
         ValueError: naming ``logits`` when it is malformed.
     """
     scores = _check_logits(logits) / params.temperature
-    minus_inf = torch.tensor(-math.inf, dtype=torch.float64)
     if params.top_k is not None:
-        kept = min(params.top_k, scores.shape[-1])
-        kth = torch.topk(scores, kept, dim=-1).values[..., -1:]
-        scores = torch.where(scores < kth, minus_inf, scores)
-    if params.top_p is not None and params.top_p < 1.0:
-        probs = torch.softmax(scores, dim=-1)
-        ordered = probs.sort(dim=-1, descending=True).values
-        before = ordered.cumsum(dim=-1) - ordered  # mass ranked strictly before each token
-        keep = before < params.top_p
-        keep[..., 0] = True
-        cutoff = torch.where(keep, ordered, torch.ones_like(ordered)).amin(dim=-1, keepdim=True)
-        scores = torch.where(probs < cutoff, minus_inf, scores)
-    if params.min_p is not None and params.min_p > 0.0:
-        probs = torch.softmax(scores, dim=-1)
-        floor = params.min_p * probs.amax(dim=-1, keepdim=True)
-        scores = torch.where(probs < floor, minus_inf, scores)
+        scores = top_k_filter(scores, params.top_k)
+    if params.top_p is not None:
+        scores = top_p_filter(scores, params.top_p)
+    if params.min_p is not None:
+        scores = min_p_filter(scores, params.min_p)
     return torch.softmax(scores, dim=-1)
+
+
+def top_k_filter(scores: torch.Tensor, top_k: int) -> torch.Tensor:
+    """Top-k on float64 scores, ties at the ``k``-th value kept (step 2 of the module
+    docstring; transformers' ``TopKLogitsWarper``: ``scores < topk(scores, k)[..., -1]``
+    removed).
+
+    Args:
+        scores: ``[..., V]`` float64 logits (``-inf`` masks a token).
+        top_k: ``k >= 1``; ``k >= V`` keeps every token.
+
+    Returns:
+        ``[..., V]`` float64, the removed tokens set to ``-inf``.
+    """
+    kept = min(top_k, scores.shape[-1])
+    kth = torch.topk(scores, kept, dim=-1).values[..., -1:]
+    return torch.where(scores < kth, _MINUS_INF, scores)
+
+
+def top_p_filter(scores: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Top-p on float64 scores, every token tied with the last kept one kept (step 3 of the
+    module docstring: the result does not depend on how a sort orders ties).
+
+    Args:
+        scores: ``[..., V]`` float64 logits (``-inf`` masks a token).
+        top_p: the nucleus mass in ``(0, 1]``; ``1`` keeps every token.
+
+    Returns:
+        ``[..., V]`` float64, the removed tokens set to ``-inf``.
+    """
+    if top_p >= 1.0:
+        return scores
+    probs = torch.softmax(scores, dim=-1)
+    ordered = probs.sort(dim=-1, descending=True).values
+    before = ordered.cumsum(dim=-1) - ordered  # mass ranked strictly before each token
+    keep = before < top_p
+    keep[..., 0] = True
+    cutoff = torch.where(keep, ordered, torch.ones_like(ordered)).amin(dim=-1, keepdim=True)
+    return torch.where(probs < cutoff, _MINUS_INF, scores)
+
+
+def min_p_filter(scores: torch.Tensor, min_p: float) -> torch.Tensor:
+    """Min-p on float64 scores: remove the tokens whose probability (softmax of ``scores``) is
+    below ``min_p`` times the largest (step 4 of the module docstring; transformers'
+    ``MinPLogitsWarper``).
+
+    Args:
+        scores: ``[..., V]`` float64 logits (``-inf`` masks a token).
+        min_p: in ``[0, 1]``; ``0`` keeps every token.
+
+    Returns:
+        ``[..., V]`` float64, the removed tokens set to ``-inf``.
+    """
+    if min_p <= 0.0:
+        return scores
+    probs = torch.softmax(scores, dim=-1)
+    floor = min_p * probs.amax(dim=-1, keepdim=True)
+    return torch.where(probs < floor, _MINUS_INF, scores)
