@@ -54,6 +54,7 @@ from losslessness.engine.state import (
     untested_results,
 )
 from losslessness.reference.profiles import get_profile
+from losslessness.requests import UnsupportedRequest
 from losslessness.results import CheckContext, CheckResult, Verdict
 from losslessness.samples import TreeSamples
 from losslessness.seeding import derive_seed
@@ -250,10 +251,16 @@ def _run_serving_unit(state: ShardState, unit: Unit, record: UnitRecord) -> None
         record.checks = untested_results(context, record, selected)
         return
     cap = case.max_steps or SERVING_CI_MAX_STEPS
-    design = serving_design(
-        case, profile, plan.config.tv, context.alpha, plan.config.power,
-        min(plan.config.max_steps, cap), MIN_STEPS,
-    )
+    try:
+        design = serving_design(
+            case, profile, plan.config.tv, context.alpha, plan.config.power,
+            min(plan.config.max_steps, cap), MIN_STEPS,
+        )
+    except UnsupportedRequest as error:
+        # The engine has no such processor: the case does not apply to this target.
+        record.fail(FailureKind.NOT_APPLICABLE, f"not applicable: {error}")
+        record.checks = untested_results(context, record, selected)
+        return
     began = time.perf_counter()
     try:
         samples = sample_serving(

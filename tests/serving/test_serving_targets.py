@@ -4,12 +4,14 @@ its attribute or by ``--engine-profile``."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from click.testing import CliRunner
 
 from losslessness.cli import main
 from losslessness.config import RunConfig
 from losslessness.engine import run_audit
-from losslessness.results import TargetVerdict
+from losslessness.results import TargetVerdict, Verdict
 from losslessness.targets import resolve_targets
 from losslessness.worker import RemoteCallable
 from tests.serving.profile import PROFILE_NAME, small_profile
@@ -62,3 +64,16 @@ def test_serving_target_without_a_profile_is_an_error_naming_the_fix() -> None:
     target = result.targets[0]
     assert target.verdict is TargetVerdict.ERROR
     assert any("--engine-profile" in check.message for check in target.checks)
+
+
+def test_serving_case_with_a_field_the_profile_lacks_is_not_applicable() -> None:
+    """The transformers profile has no frequency or presence penalty: the penalty case is
+    SKIPPED as not applicable for a target claiming it (never ERROR, never PASS)."""
+    [adapter] = resolve_targets(
+        ["tests.serving.targets:unnamed"], protocol="serving", in_process=True
+    )
+    adapter = dataclasses.replace(adapter, engine_profile="transformers")  # type: ignore[arg-type]
+    result = run_audit([adapter], RunConfig(cases=("serving-penalties",), steps=50))
+    checks = result.targets[0].checks
+    assert checks and all(c.verdict is Verdict.SKIPPED for c in checks)
+    assert all(c.message.startswith("not applicable: ") for c in checks)

@@ -65,3 +65,18 @@ def test_serving_entries_resolve_as_mutant_names_and_cite_their_bugs() -> None:
         assert adapter.serving is not None and adapter.engine_profile == entry.engine_profile
         assert entry.source.startswith("https://")
     assert all(e.engine_profile == PROFILE_NAME for e in serving_zoo(PROFILE_NAME))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(SERVING_MUTANTS))
+def test_registered_serving_entry_gets_its_declared_verdict_on_the_vllm_v1_profile(
+    name: str,
+) -> None:
+    """The registered entries (``mutant/serving-<name>``, on the vLLM v1 profile): the lossy
+    ones LOSSY, the controls LOSSLESS, on their cases (10-25 s each on 2 cores)."""
+    entry = SERVING_MUTANTS[name]
+    result = run_audit(
+        [entry.adapter], RunConfig(cases=(entry.case.case_id,), steps=STEPS)  # type: ignore[union-attr]
+    )
+    expected = TargetVerdict.LOSSY if entry.lossy else TargetVerdict.LOSSLESS
+    assert result.targets[0].verdict is expected
