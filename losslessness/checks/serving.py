@@ -22,7 +22,8 @@ positions, ``n_i`` from :func:`losslessness.stats.plan_identity_test` on the law
 prefix (for history-dependent rows an approximation: their groups share the n); positions
 reached with probability below :data:`MIN_REACH` do not drive the size and report the larger
 minimum detectable TV they reach. Each result states the planned n and the minimum detectable
-TV at it, decided before sampling (``details``), beside the one reached.
+TV at it, decided before sampling (``details``), beside the one reached (for a test grouped by
+prefix: the bound of its largest group alone, a per-group statement).
 """
 
 from __future__ import annotations
