@@ -86,6 +86,10 @@ SERVING_CHECK_IDS = (
 )
 """Check ids a serving verifier is audited with."""
 
+SEED_CONTRACT_CHECK_ID = "seed.contract"
+"""A seeded serving request's output is the same whatever else is in its batch (exact; its
+failure is IRREPRODUCIBLE, not LOSSY)."""
+
 
 ALL_CHECK_IDS = (
     *CHAIN_CHECK_IDS,
@@ -94,6 +98,7 @@ ALL_CHECK_IDS = (
     *TREE_CHECK_IDS,
     *GREEDY_TREE_CHECK_IDS,
     *SERVING_CHECK_IDS,
+    SEED_CONTRACT_CHECK_ID,
     PVALUES_CHECK_ID,
 )
 """Every check id of a run's targets (``--only`` also takes ``edge`` for every ``edge.*`` and

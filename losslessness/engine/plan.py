@@ -16,6 +16,9 @@ A run is a fixed grid of *units*, the same however the run is split into shards:
 - ``serving``: one serving case (:mod:`losslessness.batteries.serving`) on one target's
   serving verifier, sized on the engine profile the target claims
   (:func:`losslessness.checks.serving.serving_design`), checked in the unit;
+- ``seed-contract``: one per serving target, the same seeded requests in many batch
+  compositions compared exactly (:mod:`losslessness.engine.seed_contract`; no share of the
+  error budget: the check has no false alarms);
 - ``end-to-end``: one end-to-end engine of one target (the sequence-law checks);
 - ``device``: the coupling and precision checks on the run's device;
 - ``suite``: the property suite on one target (a pytest subprocess).
@@ -64,6 +67,7 @@ from losslessness.checks.ids import (
     GREEDY_CHECK_ID,
     LAW_CHECK_ID,
     PVALUES_CHECK_ID,
+    SEED_CONTRACT_CHECK_ID,
     SEQUENCE_GREEDY_CHECK_ID,
     SEQUENCE_LAW_CHECK_ID,
     SERVING_CHECK_IDS,
@@ -77,6 +81,7 @@ from losslessness.checks.tree_assertions import tree_assertions, tree_steps
 from losslessness.config import RunConfig
 from losslessness.engine.draw import rows_per_call
 from losslessness.engine.end_to_end import EndToEndPlan, plan_end_to_end
+from losslessness.engine.seed_contract import SEED_CONTRACT_CASE_ID
 from losslessness.engine.tables import CountTable
 from losslessness.reference.block import declared_verification
 from losslessness.reference.profiles import get_profile
@@ -99,6 +104,7 @@ class UnitKind(str, enum.Enum):
     TREE = "tree"
     GREEDY_TREE = "greedy-tree"
     SERVING = "serving"
+    SEED_CONTRACT = "seed-contract"
     END_TO_END = "end-to-end"
     DEVICE = "device"
     SUITE = "suite"
@@ -525,6 +531,7 @@ def select_cases(
         known |= {case.case_id for case in default_tree_battery()}
         known |= {case.case_id for case in default_greedy_tree_battery()}
         known |= {case.case_id for case in default_serving_battery()}
+        known.add(SEED_CONTRACT_CASE_ID)
         known |= {target.name for adapter in adapters for target in adapter.end_to_end}
         unknown = sorted(set(config.cases) - known)
         if unknown:
@@ -744,6 +751,10 @@ def plan_run(
                 # No sequential test watches a serving case: its whole level is fixed-n.
                 steps = _serving_steps(adapter, serving_case, config, alpha)
                 add(UnitKind.SERVING, adapter.name, serving_case.case_id, 0, steps)
+            if config.selects(SEED_CONTRACT_CHECK_ID) and (
+                not config.cases or SEED_CONTRACT_CASE_ID in config.cases
+            ):
+                add(UnitKind.SEED_CONTRACT, adapter.name, SEED_CONTRACT_CASE_ID)
         for entry in e2e_plans.get(adapter.name, []):
             add(UnitKind.END_TO_END, adapter.name, entry.target.name)
     if with_device:

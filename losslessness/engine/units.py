@@ -1,8 +1,8 @@
-"""One runner per unit kind that is not a chain chunk (greedy, tree, greedy tree, serving,
-end-to-end, device checks, property suite): each calls its target once for the unit and records the
-unit's check results. The sampled kinds obey a time budget's deadline: a unit not begun by then
-is not sampled, a tree unit stops at it (device checks and the property suite are outside the
-budget).
+"""One runner per unit kind that is not a chain chunk (greedy, tree, greedy tree, serving, seed
+contract, end-to-end, device checks, property suite): each calls its target once for the unit and
+records the unit's check results. The sampled kinds obey a time budget's deadline: a unit not
+begun by then is not sampled, a tree unit stops at it (device checks and the property suite are
+outside the budget).
 """
 
 from __future__ import annotations
@@ -20,12 +20,14 @@ from losslessness.checks import malformed_output_result, run_tree_checks
 from losslessness.checks.greedy import check_greedy
 from losslessness.checks.ids import (
     GREEDY_CHECK_ID,
+    SEED_CONTRACT_CHECK_ID,
     SERVING_CHECK_IDS,
     SERVING_STRUCTURE_CHECK_ID,
     TREE_CHECK_IDS,
     TREE_GREEDY_CHECK_ID,
     TREE_STRUCTURE_CHECK_ID,
 )
+from losslessness.checks.seed_contract import check_seed_contract
 from losslessness.checks.serving import check_serving, serving_design
 from losslessness.checks.tree_greedy import check_tree_greedy
 from losslessness.checks.tree_sequential import TreeMonitor
@@ -44,6 +46,7 @@ from losslessness.engine.plan import (
     end_to_end_check_ids,
     load_device_checks,
 )
+from losslessness.engine.seed_contract import SEED_CONTRACT_SUMMARY, seed_contract_observations
 from losslessness.engine.serving import sample_serving
 from losslessness.engine.shards import FailureKind, SuiteRun, UnitRecord
 from losslessness.engine.state import (
@@ -295,6 +298,42 @@ def _run_serving_unit(state: ShardState, unit: Unit, record: UnitRecord) -> None
     record.checks = [result for result in results if plan.config.selects(result.check_id)]
 
 
+def _run_seed_contract_unit(state: ShardState, unit: Unit, record: UnitRecord) -> None:
+    """The seed contract of one serving target: its seeded requests in every batch
+    composition (:func:`~losslessness.engine.seed_contract.seed_contract_observations`),
+    compared exactly; a broken contract is IRREPRODUCIBLE, a crash or hang an ERROR, a
+    malformed output a failed ``serving.structure``."""
+    plan = state.plan
+    adapter = plan.adapter(unit.target)
+    assert adapter.serving is not None
+    seed = derive_seed(plan.config.seed, UnitKind.SEED_CONTRACT.value)
+    context = check_context(
+        plan.record, unit.target, unit.case_id, SEED_CONTRACT_SUMMARY, UnitKind.SEED_CONTRACT.value,
+        seed,
+    )
+    if _past_deadline(state):
+        _not_sampled(record, context, [SEED_CONTRACT_CHECK_ID], "time budget spent")
+        return
+    began = time.perf_counter()
+    try:
+        observations = seed_contract_observations(
+            adapter.serving, seed, plan.config.timeout_s, progress=state.tracker.advance
+        )
+    except ProtocolViolation as violation:
+        record.checks = [malformed_output_result(context, violation, SERVING_STRUCTURE_CHECK_ID)]
+        record.verifier_time_s = time.perf_counter() - began
+        return
+    except Exception as error:
+        record_target_error(state, record, error)
+        record.checks = untested_results(context, record, [SEED_CONTRACT_CHECK_ID])
+        record.verifier_time_s = time.perf_counter() - began
+        return
+    record.verifier_time_s = time.perf_counter() - began
+    record.verifier_calls = len(observations)
+    context = dataclasses.replace(context, sampling_time_s=record.verifier_time_s)
+    record.checks = [check_seed_contract(observations, context)]
+
+
 def _end_to_end_entry(plan: RunPlan, unit: Unit) -> EndToEndPlan:
     return next(
         entry for entry in plan.end_to_end[unit.target] if entry.target.name == unit.case_id
@@ -376,6 +415,7 @@ _UNIT_RUNNERS = {
     UnitKind.TREE: _run_tree_unit,
     UnitKind.GREEDY_TREE: _run_greedy_tree_unit,
     UnitKind.SERVING: _run_serving_unit,
+    UnitKind.SEED_CONTRACT: _run_seed_contract_unit,
     UnitKind.END_TO_END: _run_end_to_end_unit,
     UnitKind.DEVICE: _run_device_unit,
     UnitKind.SUITE: _run_suite_unit,

@@ -42,6 +42,8 @@ class Mutant:
         source: URL of the bug report, PR, issue or code the mechanism comes from.
         build_case: builds :attr:`case` (deterministic: the same tensors on every machine).
         engine_profile: the engine profile a ``serving`` entry claims, else None.
+        irreproducible: a ``serving`` entry whose seeded rows change with their batch (its law
+            is right: ``lossy`` is False, and the audit's verdict is IRREPRODUCIBLE).
 
     Raises:
         ValueError: naming ``protocol``, when it is not one of the four.
@@ -55,6 +57,7 @@ class Mutant:
     source: str
     build_case: Callable[[], ZooCase] = field(repr=False, compare=False)
     engine_profile: str | None = None
+    irreproducible: bool = False
 
     def __post_init__(self) -> None:
         if self.protocol not in PROTOCOLS:
@@ -74,6 +77,8 @@ class Mutant:
         verifier in its protocol's slot; its description gives the kind, protocol, mechanism
         and source."""
         kind = "lossless control" if not self.lossy else "lossy mutant"
+        if self.irreproducible:
+            kind = "seed-contract mutant"
         protocol = self.protocol.replace("-", " ")
         return Adapter(
             name=MUTANT_PREFIX + self.name,

@@ -37,6 +37,7 @@ __all__ = [
     "SparseSupportSampling",
     "StaleNoiseForUnseededRows",
     "TopPBeforeTopK",
+    "serving_case",
     "serving_zoo",
 ]
 
@@ -156,7 +157,9 @@ class SparseSupportSampling(ServingReference):
         return int(support[inverse_cdf(weights[support], fresh)])
 
 
-def _case(case_id: str) -> Callable[[], ServingCase]:
+def serving_case(case_id: str) -> Callable[[], ServingCase]:
+    """A builder of the serving battery case ``case_id`` (a zoo entry's ``build_case``)."""
+
     def build() -> ServingCase:
         return next(case for case in default_serving_battery() if case.case_id == case_id)
 
@@ -230,7 +233,7 @@ def serving_zoo(profile: str | EngineProfile = ZOO_PROFILE) -> tuple[Mutant, ...
             lossy=lossy,
             mechanism=mechanism,
             source=source,
-            build_case=_case(case_id),
+            build_case=serving_case(case_id),
             engine_profile=name,
         )
         for entry_name, verifier, lossy, mechanism, source, case_id in _ENTRIES

@@ -4,6 +4,8 @@ the same verifier without the attribute (the audit's ``--engine-profile`` names 
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from losslessness.reference.serving import ServingReference
@@ -34,3 +36,22 @@ def records_call(
 
 
 records_call.engine_profile = PROFILE_NAME  # type: ignore[attr-defined]
+
+
+def seeded_from_shared_stream(
+    target_logits: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    draft_token_ids: torch.Tensor,
+    num_draft_tokens: torch.Tensor,
+    requests: tuple[Request, ...],
+    generator: torch.Generator,
+) -> torch.Tensor:
+    """The reference with every seed dropped: seeded rows draw from the shared generator (the
+    law is right, the seed contract broken), as a ``pkg.module:callable`` in a worker."""
+    unseeded = tuple(dataclasses.replace(r, seed=None) for r in requests)
+    return reference(
+        target_logits, draft_probs, draft_token_ids, num_draft_tokens, unseeded, generator
+    )
+
+
+seeded_from_shared_stream.engine_profile = PROFILE_NAME  # type: ignore[attr-defined]
