@@ -27,6 +27,7 @@ from losslessness.protocol import (
     validate_greedy_tree_inputs,
     validate_tree_inputs,
 )
+from losslessness.requests import Request
 
 
 def _tensor_hash(case_id: str, *tensors: torch.Tensor) -> str:
@@ -347,3 +348,160 @@ class GreedyTreeCase:
     def case_hash(self) -> str:
         """First 12 hex digits of a SHA-256 over the id and the exact tensors."""
         return _tensor_hash(self.case_id, self.target_logits, self.parents, self.token_ids)
+
+
+SERVING_DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
+"""The logits dtypes a serving case may serve its rows in, by name."""
+
+
+@dataclass(frozen=True)
+class ServingRow:
+    """One row kind of a serving case: what one request's verify step looks like.
+
+    Attributes:
+        label: what the row kind exercises (``"top-k 5 + top-p 0.8, T 0.7"``).
+        logits: ``[k+1, V]`` float64 raw target logits (the case casts them to its dtype).
+        request: the request's sampling parameters and history. A seeded request
+            (``seed`` not None) gets a fresh seed drawn by the audit at every call, so its
+            rows are independent across calls while each obeys the seed contract.
+        num_draft_tokens: drafts of this row, ``0..k``.
+        draft_probs: ``[k, V]`` float64 draft laws the audit draws the drafts from, or None
+            (a drafter that passes no probabilities: the drafts are :attr:`drafts`).
+        drafts: the fixed draft token ids (``num_draft_tokens`` of them) when
+            ``draft_probs`` is None, else None.
+
+    Raises:
+        InvalidInputError: naming the field, for shapes, counts or drafts that disagree.
+    """
+
+    label: str
+    logits: torch.Tensor
+    request: Request
+    num_draft_tokens: int
+    draft_probs: torch.Tensor | None = None
+    drafts: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.logits.dim() != 2 or self.logits.dtype != torch.float64:
+            raise InvalidInputError("logits", "expected [k+1, V] float64")
+        positions, vocab = self.logits.shape
+        if not 0 <= self.num_draft_tokens < positions:
+            raise InvalidInputError(
+                "num_draft_tokens", f"{self.num_draft_tokens} is outside 0..k = 0..{positions - 1}"
+            )
+        if (self.draft_probs is None) == (self.drafts is None):
+            raise InvalidInputError("drafts", "give draft_probs or fixed drafts, exactly one")
+        if self.draft_probs is not None and tuple(self.draft_probs.shape) != (positions - 1, vocab):
+            raise InvalidInputError("draft_probs", f"expected [k, V] = {(positions - 1, vocab)}")
+        if self.drafts is not None and (
+            len(self.drafts) != self.num_draft_tokens
+            or any(not 0 <= d < vocab for d in self.drafts)
+        ):
+            raise InvalidInputError(
+                "drafts", f"expected {self.num_draft_tokens} ids in [0, {vocab})"
+            )
+        try:
+            self.request.check_vocabulary(vocab)
+        except ValueError as error:
+            raise InvalidInputError("request", str(error)) from None
+
+
+@dataclass(frozen=True)
+class ServingCase:
+    """A serving batch: R row kinds, each repeated ``copies`` times per call, served in one
+    logits dtype (issue 21; the serving protocol of :mod:`losslessness.protocol`).
+
+    Row ``b`` of a call is kind ``b % R``; B = R * copies. Either every kind has draft
+    probabilities or none has (a call passes ``draft_probs`` for the whole batch or None).
+
+    Attributes:
+        case_id: the case's name.
+        summary: one line: what the batch mixes.
+        rows: the row kinds.
+        copies: rows of each kind per call (1: every row of a call distinct).
+        dtype: ``float64``, ``float32`` or ``bfloat16`` (:data:`SERVING_DTYPES`).
+        max_steps: a cap on the rows per kind built into the case's design (large
+            vocabularies, whose reference laws are slow), or None (the battery's cap); its
+            results state the TV they reach.
+
+    Raises:
+        InvalidInputError: naming the field: no rows, rows of different k or V, a mix of rows
+            with and without draft probabilities, copies < 1, an unknown dtype.
+    """
+
+    case_id: str
+    summary: str
+    rows: tuple[ServingRow, ...]
+    copies: int = 1
+    dtype: str = "float32"
+    max_steps: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.rows:
+            raise InvalidInputError("rows", "a serving case needs at least one row kind")
+        shapes = {tuple(row.logits.shape) for row in self.rows}
+        if len(shapes) != 1:
+            raise InvalidInputError("rows", f"row kinds disagree on [k+1, V]: {sorted(shapes)}")
+        if len({row.draft_probs is None for row in self.rows}) != 1:
+            raise InvalidInputError(
+                "rows", "either every row kind has draft probabilities or none has"
+            )
+        if self.copies < 1:
+            raise InvalidInputError("copies", f"must be >= 1, got {self.copies}")
+        if self.dtype not in SERVING_DTYPES:
+            raise InvalidInputError(
+                "dtype", f"{self.dtype!r} is not one of {', '.join(SERVING_DTYPES)}"
+            )
+
+    @property
+    def k(self) -> int:
+        """Draft length ``k`` (the batch's widest draft block)."""
+        return int(self.rows[0].logits.shape[0]) - 1
+
+    @property
+    def vocab_size(self) -> int:
+        """``V``."""
+        return int(self.rows[0].logits.shape[1])
+
+    @property
+    def n_rows(self) -> int:
+        """R, the row kinds."""
+        return len(self.rows)
+
+    @property
+    def batch_size(self) -> int:
+        """B = R * copies, rows per call."""
+        return self.n_rows * self.copies
+
+    @property
+    def with_draft_probs(self) -> bool:
+        """Whether calls pass ``draft_probs`` (else None: one-hot drafts)."""
+        return self.rows[0].draft_probs is not None
+
+    @cached_property
+    def served_logits(self) -> torch.Tensor:
+        """``[R, k+1, V]`` the rows' logits in the case's dtype: what the verifier sees and
+        what the profile's law is computed from."""
+        return torch.stack([row.logits for row in self.rows]).to(SERVING_DTYPES[self.dtype])
+
+    @cached_property
+    def served_draft_probs(self) -> torch.Tensor | None:
+        """``[R, k, V]`` the draft laws as the verifier sees them (float32, renormalised), or
+        None; the audit draws the drafts from exactly these (in float64)."""
+        if not self.with_draft_probs:
+            return None
+        q = torch.stack([row.draft_probs for row in self.rows if row.draft_probs is not None])
+        q = q.to(torch.float32)
+        return q / q.sum(dim=-1, keepdim=True)
+
+    @cached_property
+    def case_hash(self) -> str:
+        """Hash of the id, the tensors, the requests, drafts, copies and dtype."""
+        digest = hashlib.sha256(self.case_id.encode())
+        digest.update(f"{self.copies}/{self.dtype}".encode())
+        for row in self.rows:
+            digest.update(repr((row.request, row.num_draft_tokens, row.drafts)).encode())
+            digest.update(row.logits.contiguous().numpy().tobytes())
+            if row.draft_probs is not None:
+                digest.update(row.draft_probs.contiguous().numpy().tobytes())
+        return digest.hexdigest()[:12]

@@ -27,15 +27,24 @@ the parent of node ``j+1`` and is smaller than ``j+1``; ``D`` the depth of the d
     TreeOutput.tokens [B, D+1] int64          accepted path's tokens, then one final token
     TreeOutput.accepted_nodes [B, D] int64    the accepted nodes (1..N) in path order
 
+Serving chain verifier (a chain verifier as a serving engine calls it: raw logits and one
+:class:`~losslessness.requests.Request` per row)::
+
+    verify(target_logits [B, k+1, V], draft_probs [B, k, V] | None, draft_token_ids [B, k],
+           num_draft_tokens [B], requests: Sequence[Request], generator) -> [B, k+1] int64
+
 Bad input raises :class:`InvalidInputError` (a ``ValueError``) whose message starts with the
 argument's name and says what was wrong.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import NamedTuple, Protocol, runtime_checkable
 
 import torch
+
+from losslessness.requests import Request
 
 PLACEHOLDER = -1
 """Fills the output after the last emitted token."""
@@ -106,10 +115,54 @@ class GreedyVerifier(Protocol):
     ) -> torch.Tensor: ...
 
 
-PROTOCOLS = ("chain", "greedy", "tree", "greedy-tree")
+PROTOCOLS = ("chain", "greedy", "tree", "greedy-tree", "serving")
 """The verifier protocols of this module a target may follow: :class:`ChainVerifier`,
-:class:`GreedyVerifier`, :class:`TreeVerifier`, :class:`GreedyTreeVerifier` (a bare
+:class:`GreedyVerifier`, :class:`TreeVerifier`, :class:`GreedyTreeVerifier`,
+:class:`ServingVerifier` (a bare
 ``pkg.module:function`` target names its protocol, :func:`losslessness.targets.resolve_adapter`)."""
+
+
+@runtime_checkable
+class ServingVerifier(Protocol):
+    """One chain verification step as a serving engine calls it: raw target logits, the
+    drafts, and every row's request (issue 21; docs/architecture.md, 'Serving protocol').
+
+    Args:
+        target_logits: ``[B, k+1, V]`` float32, bfloat16 or float64 raw logits; row ``i`` is
+            the target at draft position i, row ``num_draft_tokens[b]`` the bonus position
+            of row b (rows after it are ignored).
+        draft_probs: ``[B, k, V]`` float draft distributions the drafts came from, or None:
+            the drafter passes none (n-gram, greedy EAGLE) and the draft counts as one-hot.
+        draft_token_ids: ``[B, k]`` int64; entries at and after ``num_draft_tokens[b]`` are
+            :data:`PLACEHOLDER`.
+        num_draft_tokens: ``[B]`` int64 in ``0..k``: each row's own number of drafts.
+        requests: B :class:`~losslessness.requests.Request` objects, the rows' sampling
+            parameters and output histories.
+        generator: randomness of the unseeded rows. A seeded row (``request.seed`` not None)
+            draws only from randomness derived from its seed and its history length
+            ``len(request.output_token_ids)`` (the seed contract).
+
+    Returns:
+        ``[B, k+1]`` int64: per row the accepted drafts, then one token (the correction at the
+        first rejection, or the bonus at position ``num_draft_tokens[b]``), left-aligned,
+        :data:`PLACEHOLDER` after. Lossless when the token emitted at every position follows
+        the engine profile's law (:mod:`losslessness.reference.profiles`) for the row's request
+        with the accepted drafts appended to its history; greedy rows exactly.
+    """
+
+    def __call__(
+        self,
+        target_logits: torch.Tensor,
+        draft_probs: torch.Tensor | None,
+        draft_token_ids: torch.Tensor,
+        num_draft_tokens: torch.Tensor,
+        requests: Sequence[Request],
+        generator: torch.Generator,
+    ) -> torch.Tensor: ...
+
+
+SERVING_LOGIT_DTYPES = (torch.float32, torch.bfloat16, torch.float64)
+"""The dtypes a serving verifier's ``target_logits`` may have."""
 
 
 DRAFT_SCHEMES = ("iid", "without-replacement", "top-k")
@@ -723,3 +776,170 @@ def validate_greedy_tree_inputs(
     if batch > 0 and bool((logits == float("-inf")).all(dim=-1).any()):
         raise InvalidInputError("target_logits", "a row has every logit -inf (no token possible)")
     return batch, tree.shape[1], vocab
+
+
+def validate_serving_inputs(
+    target_logits: object,
+    draft_probs: object,
+    draft_token_ids: object,
+    num_draft_tokens: object,
+    requests: object,
+    generator: object = _NOT_GIVEN,
+) -> tuple[int, int, int]:
+    """Validate the arguments of a serving verifier call (:class:`ServingVerifier`).
+
+    Args:
+        target_logits: ``[B, k+1, V]`` tensor of a dtype in :data:`SERVING_LOGIT_DTYPES`; no
+            NaN or ``+inf``; a row used by a request (positions ``0..num_draft_tokens[b]``)
+            has a finite logit.
+        draft_probs: None, or ``[B, k, V]`` float rows summing to 1 for the positions a row
+            drafts (the rest are ignored), with q > 0 at every draft.
+        draft_token_ids: ``[B, k]`` integer; ids in ``[0, V)`` before ``num_draft_tokens[b]``,
+            :data:`PLACEHOLDER` at and after it.
+        num_draft_tokens: ``[B]`` integer in ``0..k``.
+        requests: a sequence of B :class:`~losslessness.requests.Request` naming no token id
+            outside ``[0, V)``.
+        generator: must be a ``torch.Generator`` when given.
+
+    Returns:
+        ``(B, k, V)``.
+
+    Raises:
+        InvalidInputError: naming the argument, for a wrong type, rank, shape or dtype, a
+            count outside ``0..k``, a draft id out of range, a missing or misplaced -1 pad, a
+            draft with q = 0, a wrong number of requests, or a request naming a token outside
+            the vocabulary.
+    """
+    logits = _require_tensor("target_logits", target_logits)
+    ids = _require_tensor("draft_token_ids", draft_token_ids)
+    counts = _require_tensor("num_draft_tokens", num_draft_tokens)
+    _require_rank("target_logits", logits, 3, "[B, k+1, V]")
+    _require_rank("draft_token_ids", ids, 2, "[B, k]")
+    _require_rank("num_draft_tokens", counts, 1, "[B]")
+    if logits.dtype not in SERVING_LOGIT_DTYPES:
+        raise InvalidInputError(
+            "target_logits",
+            f"expected float32, bfloat16 or float64, got {logits.dtype}",
+        )
+    batch, positions, vocab = logits.shape
+    if positions < 1 or vocab < 1:
+        raise InvalidInputError(
+            "target_logits", f"needs k+1 >= 1 positions and V >= 1, got {tuple(logits.shape)}"
+        )
+    k = positions - 1
+    if tuple(ids.shape) != (batch, k):
+        raise InvalidInputError(
+            "draft_token_ids", f"expected shape {(batch, k)} = [B, k], got {tuple(ids.shape)}"
+        )
+    if tuple(counts.shape) != (batch,):
+        raise InvalidInputError(
+            "num_draft_tokens", f"expected shape {(batch,)} = [B], got {tuple(counts.shape)}"
+        )
+    for name, tensor in (("draft_token_ids", ids), ("num_draft_tokens", counts)):
+        if tensor.dtype not in (torch.int64, torch.int32):
+            raise InvalidInputError(name, f"expected an integer dtype (int64), got {tensor.dtype}")
+    if batch and (int(counts.min()) < 0 or int(counts.max()) > k):
+        bad = int(counts[(counts < 0) | (counts > k)][0])
+        raise InvalidInputError("num_draft_tokens", f"{bad} is outside 0..k = 0..{k}")
+    drafted = torch.arange(k, device=ids.device).unsqueeze(0) < counts.unsqueeze(1)
+    if bool((ids[~drafted] != PLACEHOLDER).any()):
+        b, i = torch.nonzero(~drafted & (ids != PLACEHOLDER))[0].tolist()
+        raise InvalidInputError(
+            "draft_token_ids",
+            f"row {b} position {i}: expected the pad {PLACEHOLDER} at and after "
+            f"num_draft_tokens[{b}] = {int(counts[b])}, got {int(ids[b, i])}",
+        )
+    used = ids[drafted]
+    if used.numel() and (int(used.min()) < 0 or int(used.max()) >= vocab):
+        bad = int(used[(used < 0) | (used >= vocab)][0])
+        raise InvalidInputError(
+            "draft_token_ids", f"token id {bad} out of range [0, {vocab}) for a drafted position"
+        )
+    if bool(torch.isnan(logits).any()):
+        raise InvalidInputError("target_logits", "contains NaN")
+    if bool((logits == float("inf")).any()):
+        raise InvalidInputError("target_logits", "contains +inf")
+    reached = torch.arange(positions, device=ids.device).unsqueeze(0) <= counts.unsqueeze(1)
+    if bool(((logits == float("-inf")).all(dim=-1) & reached).any()):
+        raise InvalidInputError("target_logits", "a used row has every logit -inf")
+    if draft_probs is not None:
+        draft = _require_tensor("draft_probs", draft_probs)
+        _require_rank("draft_probs", draft, 3, "[B, k, V]")
+        _require_float("draft_probs", draft)
+        if tuple(draft.shape) != (batch, k, vocab):
+            raise InvalidInputError(
+                "draft_probs",
+                f"expected shape {(batch, k, vocab)} = [B, k, V], got {tuple(draft.shape)}",
+            )
+        if used.numel():
+            validate_probability_rows("draft_probs", draft[drafted])
+            mass = draft[drafted].gather(-1, used.long().unsqueeze(-1)).squeeze(-1)
+            if bool((mass <= 0).any()):
+                token = int(used[mass <= 0][0])
+                raise InvalidInputError(
+                    "draft_token_ids",
+                    f"token {token} has draft probability 0, so it cannot have been drafted",
+                )
+    if isinstance(requests, (str, bytes)) or not isinstance(requests, Sequence):
+        raise InvalidInputError(
+            "requests", f"expected a sequence of Request, got {type(requests).__name__}"
+        )
+    if len(requests) != batch:
+        raise InvalidInputError("requests", f"has {len(requests)} requests for B = {batch} rows")
+    for b, request in enumerate(requests):
+        if not isinstance(request, Request):
+            raise InvalidInputError(
+                "requests", f"row {b}: expected a Request, got {type(request).__name__}"
+            )
+        try:
+            request.check_vocabulary(vocab)
+        except ValueError as error:
+            raise InvalidInputError("requests", f"row {b}: {error}") from None
+    _require_generator(generator)
+    return batch, k, vocab
+
+
+def validate_serving_output(
+    output: torch.Tensor, draft_token_ids: torch.Tensor, num_draft_tokens: torch.Tensor,
+    vocab_size: int,
+) -> None:
+    """Check a serving verifier's output layout (:class:`ServingVerifier`).
+
+    Args:
+        output: ``[B, k+1]`` integer tensor.
+        draft_token_ids: ``[B, k]`` the call's drafts.
+        num_draft_tokens: ``[B]`` the call's draft counts.
+        vocab_size: V.
+
+    Raises:
+        InvalidInputError: naming ``output``: a wrong shape or dtype, a row emitting no token
+            or more than ``num_draft_tokens[b] + 1``, a token after the -1 pad, an id outside
+            ``[0, V)``, or an emitted token before the last that differs from the draft.
+    """
+    batch, k = draft_token_ids.shape
+    if not isinstance(output, torch.Tensor) or tuple(output.shape) != (batch, k + 1):
+        shape = tuple(output.shape) if isinstance(output, torch.Tensor) else type(output).__name__
+        raise InvalidInputError(
+            "output", f"expected shape {(batch, k + 1)} = [B, k+1], got {shape}"
+        )
+    if output.is_floating_point() or output.dtype == torch.bool:
+        raise InvalidInputError("output", f"expected an integer dtype (int64), got {output.dtype}")
+    tokens = output.long()
+    for b in range(batch):
+        row = tokens[b].tolist()
+        emitted = row.index(PLACEHOLDER) if PLACEHOLDER in row else k + 1
+        limit = int(num_draft_tokens[b]) + 1
+        if any(token != PLACEHOLDER for token in row[emitted:]):
+            raise InvalidInputError("output", f"row {b}: a token after the pad: {row}")
+        if not 1 <= emitted <= limit:
+            raise InvalidInputError(
+                "output", f"row {b}: emits {emitted} tokens, expected 1..{limit}: {row}"
+            )
+        if any(not 0 <= token < vocab_size for token in row[:emitted]):
+            raise InvalidInputError("output", f"row {b}: a token outside [0, {vocab_size}): {row}")
+        drafts = draft_token_ids[b, : emitted - 1].tolist()
+        if row[: emitted - 1] != drafts:
+            raise InvalidInputError(
+                "output", f"row {b}: accepted tokens {row[: emitted - 1]} differ from the drafts "
+                f"{drafts}",
+            )

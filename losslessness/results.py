@@ -70,6 +70,8 @@ class Verdict(str, enum.Enum):
     PASS: no violation at the stated level. LOSSY: a losslessness property is violated.
     SUBOPTIMAL: lossless, but accepts fewer drafts than sum min(p, q) (a warning).
     ERROR: the target crashed; nothing is concluded. SKIPPED: not applicable or not reachable.
+    IRREPRODUCIBLE: the seed contract is broken (a seeded request's output changed with what
+    else was in its batch); says nothing about the law, which may still be right.
     """
 
     PASS = "PASS"
@@ -77,6 +79,7 @@ class Verdict(str, enum.Enum):
     SUBOPTIMAL = "SUBOPTIMAL"
     ERROR = "ERROR"
     SKIPPED = "SKIPPED"
+    IRREPRODUCIBLE = "IRREPRODUCIBLE"
 
 
 class CheckKind(str, enum.Enum):
@@ -492,7 +495,9 @@ class TargetVerdict(str, enum.Enum):
     package or device is missing here, or a target whose every check was SKIPPED by its own
     declared exclusions: nothing was tested, and the run's outcome ignores it), INCOMPLETE (the
     run was interrupted before the target's planned samples were drawn, and nothing finished
-    was LOSSY: no LOSSLESS verdict can be given)."""
+    was LOSSY: no LOSSLESS verdict can be given), IRREPRODUCIBLE (nothing LOSSY or ERROR, but
+    the seed contract is broken: a seeded request's output depends on the rest of its batch;
+    the emitted law may still be right)."""
 
     LOSSLESS = "LOSSLESS"
     LOSSY = "LOSSY"
@@ -501,12 +506,14 @@ class TargetVerdict(str, enum.Enum):
     ERROR = "ERROR"
     UNAVAILABLE = "UNAVAILABLE"
     INCOMPLETE = "INCOMPLETE"
+    IRREPRODUCIBLE = "IRREPRODUCIBLE"
 
 
 VERDICT_PRECEDENCE = (
     TargetVerdict.LOSSY,
     TargetVerdict.INCOMPLETE,
     TargetVerdict.ERROR,
+    TargetVerdict.IRREPRODUCIBLE,
     TargetVerdict.INCONCLUSIVE,
     TargetVerdict.SUBOPTIMAL,
 )
@@ -516,6 +523,7 @@ EXIT_CODES = {
     TargetVerdict.LOSSY: 1,
     TargetVerdict.ERROR: 3,
     TargetVerdict.INCONCLUSIVE: 4,
+    TargetVerdict.IRREPRODUCIBLE: 6,
     TargetVerdict.INCOMPLETE: 130,
 }
 """Exit code of a run by its verdict (0 for the others: LOSSLESS, SUBOPTIMAL, UNAVAILABLE)."""
@@ -637,10 +645,11 @@ def target_verdict(
 ) -> TargetVerdict:
     """A target's verdict from its checks: LOSSY if any check is LOSSY (finished evidence holds
     even in an interrupted run), else INCOMPLETE when ``complete`` is False, else ERROR if any
-    is ERROR, else UNAVAILABLE when there are checks, every one is SKIPPED and there is no
-    shortfall (every case was excluded by the target's own declaration), else INCONCLUSIVE when
-    the design was not reached (``shortfalls``, :func:`design_shortfalls`), else SUBOPTIMAL if
-    any is SUBOPTIMAL, else LOSSLESS. SKIPPED checks beside others decide nothing: the others
+    is ERROR, else IRREPRODUCIBLE if the seed contract was broken, else UNAVAILABLE when there
+    are checks, every one is SKIPPED and there is no shortfall (every case was excluded by the
+    target's own declaration), else INCONCLUSIVE when the design was not reached
+    (``shortfalls``, :func:`design_shortfalls`), else SUBOPTIMAL if any is SUBOPTIMAL, else
+    LOSSLESS. SKIPPED checks beside others decide nothing: the others
     do."""
     verdicts = {check.verdict for check in checks}
     if Verdict.LOSSY in verdicts:
@@ -649,6 +658,8 @@ def target_verdict(
         return TargetVerdict.INCOMPLETE
     if Verdict.ERROR in verdicts:
         return TargetVerdict.ERROR
+    if Verdict.IRREPRODUCIBLE in verdicts:
+        return TargetVerdict.IRREPRODUCIBLE
     if verdicts == {Verdict.SKIPPED} and not shortfalls:
         return TargetVerdict.UNAVAILABLE
     if shortfalls:
@@ -749,10 +760,10 @@ class AuditResult:
     @property
     def verdict(self) -> TargetVerdict:
         """The run's overall verdict: the first of :data:`VERDICT_PRECEDENCE` (LOSSY,
-        INCOMPLETE, ERROR, INCONCLUSIVE, SUBOPTIMAL) any target has, else LOSSLESS over the
-        targets that ran; UNAVAILABLE only when every target was unavailable (those a user
-        named are ERROR, never UNAVAILABLE); INCONCLUSIVE for a run without targets (nothing
-        was audited)."""
+        INCOMPLETE, ERROR, IRREPRODUCIBLE, INCONCLUSIVE, SUBOPTIMAL) any target has, else
+        LOSSLESS over the targets that ran; UNAVAILABLE only when every target was unavailable
+        (those a user named are ERROR, never UNAVAILABLE); INCONCLUSIVE for a run without
+        targets (nothing was audited)."""
         verdicts = {target.verdict for target in self.targets}
         for verdict in VERDICT_PRECEDENCE:
             if verdict in verdicts:
@@ -766,8 +777,9 @@ class AuditResult:
     @property
     def exit_code(self) -> int:
         """0 lossless (SUBOPTIMAL included), 1 any target LOSSY, 3 any target crashed or a named
-        target could not load, 4 INCONCLUSIVE (a target's design was not reached), 130 the run
-        was interrupted (Ctrl-C) with nothing LOSSY (:data:`EXIT_CODES`)."""
+        target could not load, 4 INCONCLUSIVE (a target's design was not reached), 6
+        IRREPRODUCIBLE (a seeded request's output depended on its batch), 130 the run was
+        interrupted (Ctrl-C) with nothing LOSSY (:data:`EXIT_CODES`)."""
         return EXIT_CODES.get(self.verdict, 0)
 
     @property

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from losslessness.cases import ChainCase, TreeCase
+from losslessness.cases import ChainCase, ServingCase, TreeCase
 
 
 @dataclass
@@ -141,6 +141,34 @@ def chain_counts(samples: ChainSamples | ChainCounts) -> ChainCounts:
         pair_weights=np.ones(pairs.shape[0], dtype=np.int64),
         steps_per_call=samples.steps_per_call,
     )
+
+
+@dataclass
+class ServingSamples:
+    """Outputs of the verify steps of one serving case, by row kind.
+
+    Attributes:
+        case: the :class:`~losslessness.cases.ServingCase` that was sampled.
+        drafts: per row kind, ``[n, k]`` int64 drafts of its rows (-1 after the row's drafts).
+        outputs: per row kind, ``[n, k+1]`` int64 emitted tokens (-1 placeholders kept).
+        seed: the seed that reproduces the drafts, the rows' seeds and the call generator.
+        wall_time_s: seconds spent drawing them, verifier calls included.
+        verifier_time_s: seconds spent inside the verifier.
+        calls: number of verifier calls.
+    """
+
+    case: ServingCase
+    drafts: list[np.ndarray]
+    outputs: list[np.ndarray]
+    seed: int
+    wall_time_s: float = 0.0
+    verifier_time_s: float = 0.0
+    calls: int = 0
+
+    @property
+    def n_steps(self) -> int:
+        """Rows verified, over every kind."""
+        return sum(int(out.shape[0]) for out in self.outputs)
 
 
 @dataclass

@@ -52,6 +52,14 @@ def _as_adapter(name: str, loaded: object, greedy: bool, protocol: str = "chain"
         raise AdapterNotFound(f"{name}: {type(loaded).__name__} object is not callable")
     if protocol == "tree":
         return Adapter(name=name, description=f"{name} (tree protocol)", tree=loaded)
+    if protocol == "serving":
+        profile = getattr(loaded, "engine_profile", None)
+        if profile is not None and not isinstance(profile, str):
+            raise AdapterNotFound(f"{name}: engine_profile must be a profile name (str)")
+        return Adapter(
+            name=name, description=f"{name} (serving protocol)", serving=loaded,
+            engine_profile=profile,
+        )
     if protocol == "greedy-tree":
         return Adapter(
             name=name, description=f"{name} (greedy tree protocol)", greedy_tree=loaded
@@ -211,6 +219,7 @@ def resolve_targets(
     tree_greedy: Sequence[str] = (),
     default: Sequence[str] | None = None,
     in_process: bool | None = None,
+    protocol: str | None = None,
 ) -> list[Adapter | UnavailableTarget]:
     """The targets of a run: adapters, or placeholders for those that did not load.
 
@@ -218,6 +227,9 @@ def resolve_targets(
         names: target names (bare functions among them follow the chain protocol, or the greedy
             one with ``greedy``).
         greedy: bare functions in ``names`` follow the greedy protocol.
+        protocol: the protocol of bare functions in ``names`` (``serving``: the
+            :class:`~losslessness.protocol.ServingVerifier`); None: chain, or greedy with
+            ``greedy``.
         tree: bare functions in the tree protocol (``--tree``).
         tree_greedy: bare functions in the greedy tree protocol (``--tree-greedy``).
         default: the names audited when ``names``, ``tree`` and ``tree_greedy`` are all empty
@@ -232,7 +244,7 @@ def resolve_targets(
     Raises:
         ValueError: naming ``targets``: a name that matches nothing, or repeated names.
     """
-    wanted = [(name, "greedy" if greedy else "chain") for name in names]
+    wanted = [(name, protocol or ("greedy" if greedy else "chain")) for name in names]
     wanted += [(name, "tree") for name in tree]
     wanted += [(name, "greedy-tree") for name in tree_greedy]
     named = bool(wanted) or default is not None

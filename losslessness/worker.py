@@ -82,7 +82,7 @@ KILL_WAIT_S = 1.0
 _ALIGNMENT = 64
 """Byte alignment of every tensor in the shared-memory block (a cache line)."""
 
-VERIFIER_FIELDS = ("chain", "greedy", "tree", "greedy_tree")
+VERIFIER_FIELDS = ("chain", "greedy", "tree", "greedy_tree", "serving")
 """The :class:`~losslessness.adapters.Adapter` fields that hold a verifier."""
 
 _INTEGER_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -801,6 +801,10 @@ _ARGUMENT_NAMES = {
     "greedy": ("target_logits", "draft_token_ids"),
     "tree": ("target_probs", "draft_probs", "parents", "token_ids", "draft_scheme", "generator"),
     "greedy_tree": ("target_logits", "parents", "token_ids"),
+    "serving": (
+        "target_logits", "draft_probs", "draft_token_ids", "num_draft_tokens", "requests",
+        "generator",
+    ),
 }
 """The protocols' argument names, for the message of a target that wrote into one."""
 

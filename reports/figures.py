@@ -53,6 +53,7 @@ VERDICT_COLORS = {
     Verdict.SUBOPTIMAL: "#ef6c00",
     Verdict.ERROR: "#8e24aa",
     Verdict.SKIPPED: "#9e9e9e",
+    Verdict.IRREPRODUCIBLE: "#00838f",
 }
 """Colour of each verdict in every figure (and the HTML's CSS)."""
 

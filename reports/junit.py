@@ -4,7 +4,8 @@ The layout conforms to the JUnit schema CI systems validate against, Jenkins xun
 ``junit-10.xsd``
 (https://github.com/jenkinsci/xunit-plugin/blob/master/src/main/resources/org/jenkinsci/plugins/xunit/types/model/xsd/junit-10.xsd):
 
-- LOSSY -> ``<failure type="LOSSY">``; ERROR (the target crashed) -> ``<error>``;
+- LOSSY -> ``<failure type="LOSSY">``; IRREPRODUCIBLE (a broken seed contract) ->
+  ``<failure type="IRREPRODUCIBLE">``; ERROR (the target crashed) -> ``<error>``;
   SKIPPED (unreachable position) -> ``<skipped>``; SUBOPTIMAL passes with the warning in
   ``<system-out>``; PASS has no failure element.
 - A target that could not be loaded is a suite with one skipped test case ``audit``.
@@ -64,6 +65,9 @@ def _testcase(suite: ET.Element, result: AuditResult, check: CheckResult) -> Non
         ET.SubElement(case, "failure", message=message, type="LOSSY").text = message
     elif check.verdict is Verdict.ERROR:
         ET.SubElement(case, "error", message=message, type="ERROR").text = message
+    elif check.verdict is Verdict.IRREPRODUCIBLE:
+        # A broken seed contract fails the build as its own type, not as a lossy law.
+        ET.SubElement(case, "failure", message=message, type="IRREPRODUCIBLE").text = message
     elif check.verdict is Verdict.SKIPPED:
         ET.SubElement(case, "skipped", message=message)
     numbers = {
@@ -87,7 +91,7 @@ def _suite(root: ET.Element, result: AuditResult, target: TargetResult) -> dict[
     checks = target.checks
     counts = {
         "tests": max(len(checks), 1 if target.error is not None else 0),
-        "failures": sum(c.verdict is Verdict.LOSSY for c in checks),
+        "failures": sum(c.verdict in (Verdict.LOSSY, Verdict.IRREPRODUCIBLE) for c in checks),
         "errors": sum(c.verdict is Verdict.ERROR for c in checks),
         "skipped": sum(c.verdict is Verdict.SKIPPED for c in checks)
         + (target.error is not None and not checks),

@@ -54,7 +54,7 @@ def _number(value: float | None) -> str:
 def _failing(result: AuditResult) -> list[CheckResult]:
     return [
         check
-        for verdict in (Verdict.LOSSY, Verdict.ERROR, Verdict.SUBOPTIMAL)
+        for verdict in (Verdict.LOSSY, Verdict.ERROR, Verdict.IRREPRODUCIBLE, Verdict.SUBOPTIMAL)
         for target in result.targets
         for check in target.checks
         if check.verdict is verdict

@@ -32,6 +32,7 @@ _STYLES = {
     Verdict.SUBOPTIMAL: "yellow",
     Verdict.ERROR: "bold magenta",
     Verdict.SKIPPED: "dim",
+    Verdict.IRREPRODUCIBLE: "bold cyan",
     TargetVerdict.LOSSLESS: "bold green",
     TargetVerdict.LOSSY: "bold red",
     TargetVerdict.SUBOPTIMAL: "bold yellow",
@@ -39,6 +40,7 @@ _STYLES = {
     TargetVerdict.UNAVAILABLE: "dim",
     TargetVerdict.INCOMPLETE: "bold yellow",
     TargetVerdict.INCONCLUSIVE: "bold yellow",
+    TargetVerdict.IRREPRODUCIBLE: "bold cyan",
 }
 
 
@@ -180,7 +182,9 @@ def print_audit(result: AuditResult, console: Console | None = None) -> None:
             continue
         console.print(_table(result, index))
         for check in target.checks:
-            if check.verdict in (Verdict.LOSSY, Verdict.SUBOPTIMAL, Verdict.ERROR):
+            if check.verdict in (
+                Verdict.LOSSY, Verdict.SUBOPTIMAL, Verdict.ERROR, Verdict.IRREPRODUCIBLE
+            ):
                 console.print(
                     Text.assemble(
                         (f"{check.verdict.value} ", _STYLES[check.verdict]),

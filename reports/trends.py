@@ -35,7 +35,7 @@ from reports.jsonio import audit_from_dict, audit_to_dict, read_json
 POWER_DROP_FACTOR = 1.25
 """A minimum detectable TV more than this factor above last run's is flagged as a power drop."""
 
-FAILING = frozenset({Verdict.LOSSY, Verdict.ERROR})
+FAILING = frozenset({Verdict.LOSSY, Verdict.ERROR, Verdict.IRREPRODUCIBLE})
 """Verdicts that count as a failure for the new-failure flag (SUBOPTIMAL is a warning)."""
 
 BASE_ENVIRONMENT = frozenset({"losslessness", "python", "torch", "numpy", "scipy", "platform"})

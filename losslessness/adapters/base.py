@@ -16,6 +16,7 @@ from losslessness.protocol import (
     GreedyTreeVerifier,
     GreedyVerifier,
     InvalidInputError,
+    ServingVerifier,
     TreeVerifier,
 )
 from losslessness.results import TargetVerdict
@@ -150,6 +151,10 @@ class Adapter:
             design (``"LOSSY"``); the nightly's exit code says whether any verdict differs from
             its expectation. None: LOSSLESS expected.
         expected_reason: why (the design that makes it lossy), with ``expected_verdict``.
+        serving: the serving verifier (raw logits and per-row requests), or None.
+        engine_profile: the name of the engine profile whose law the serving verifier claims
+            (:mod:`losslessness.reference.profiles`), or None (the audit's
+            ``--engine-profile`` then names it).
     """
 
     name: str
@@ -162,13 +167,15 @@ class Adapter:
     exclusions: str | None = None
     expected_verdict: str | None = None
     expected_reason: str | None = None
+    serving: ServingVerifier | None = None
+    engine_profile: str | None = None
 
     def __post_init__(self) -> None:
-        verifiers = (self.chain, self.greedy, self.tree, self.greedy_tree)
+        verifiers = (self.chain, self.greedy, self.tree, self.greedy_tree, self.serving)
         if all(verifier is None for verifier in verifiers) and not self.end_to_end:
             raise ValueError(
-                f"adapter {self.name!r}: needs a chain, greedy, tree or greedy tree verifier, "
-                "or an end-to-end target"
+                f"adapter {self.name!r}: needs a chain, greedy, tree, greedy tree or serving "
+                "verifier, or an end-to-end target"
             )
         if (self.expected_verdict is None) != (self.expected_reason is None):
             raise ValueError(

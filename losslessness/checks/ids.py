@@ -70,13 +70,37 @@ GREEDY_TREE_CHECK_IDS = (TREE_GREEDY_CHECK_ID,)
 DEVICE_CHECK_IDS = (COUPLING_CHECK_ID, TWO_SAMPLE_CHECK_ID, PRECISION_CHECK_ID)
 """Check ids of the device checks (a device candidate against the CPU reference)."""
 
+SERVING_STRUCTURE_CHECK_ID = "serving.structure"
+SERVING_LAW_CHECK_ID = "serving.law"
+"""A serving row kind's emitted token against its engine profile's law, per position."""
+SERVING_ACCEPTANCE_CHECK_ID = "serving.acceptance"
+SERVING_GREEDY_CHECK_ID = "serving.greedy"
+
+STATISTICAL_SERVING_CHECK_IDS = (SERVING_LAW_CHECK_ID, SERVING_ACCEPTANCE_CHECK_ID)
+"""Serving checks that spend a share of the run's false-alarm budget."""
+
+SERVING_CHECK_IDS = (
+    SERVING_STRUCTURE_CHECK_ID,
+    *STATISTICAL_SERVING_CHECK_IDS,
+    SERVING_GREEDY_CHECK_ID,
+)
+"""Check ids a serving verifier is audited with."""
+
+SEED_CONTRACT_CHECK_ID = "seed.contract"
+"""A seeded serving request's output is the same whatever else is in its batch (exact; its
+failure is IRREPRODUCIBLE, not LOSSY)."""
+
+
 ALL_CHECK_IDS = (
     *CHAIN_CHECK_IDS,
     *GREEDY_CHECK_IDS,
     *SEQUENCE_CHECK_IDS,
     *TREE_CHECK_IDS,
     *GREEDY_TREE_CHECK_IDS,
+    *SERVING_CHECK_IDS,
+    SEED_CONTRACT_CHECK_ID,
     PVALUES_CHECK_ID,
 )
 """Every check id of a run's targets (``--only`` also takes ``edge`` for every ``edge.*`` and
 ``tree`` for every ``tree.*``)."""
+

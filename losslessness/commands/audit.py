@@ -10,6 +10,7 @@ written and printed first (:mod:`losslessness.commands.signals`).
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 from typing import Any
@@ -36,22 +37,39 @@ def resolve_named_targets(
     tree: tuple[str, ...] = (),
     tree_greedy: tuple[str, ...] = (),
     in_process: bool = False,
+    protocol: str | None = None,
+    engine_profile: str | None = None,
 ) -> list[Adapter | UnavailableTarget]:
     """The targets a user named (:data:`DEFAULT_TARGETS` when none, and no ``--tree`` or
     ``--tree-greedy`` target either), through :func:`losslessness.targets.resolve_targets`
-    (each in the audit's own process with ``in_process``, else where its rule says).
+    (each in the audit's own process with ``in_process``, else where its rule says); bare
+    functions follow ``protocol`` when given, and serving targets that name no engine profile
+    get ``engine_profile``.
 
     Raises:
-        click.UsageError: a name that matches no adapter and no ``pkg.module:callable``, or a
-            repeated name.
+        click.UsageError: a name that matches no adapter and no ``pkg.module:callable``, a
+            repeated name, or an ``engine_profile`` that contradicts the one a target names.
     """
     try:
-        return resolve_targets(
+        resolved = resolve_targets(
             names, greedy=greedy, tree=tree, tree_greedy=tree_greedy, default=DEFAULT_TARGETS,
-            in_process=True if in_process else None,
+            in_process=True if in_process else None, protocol=protocol,
         )
     except ValueError as error:
         raise click.UsageError(str(error)) from error
+    if engine_profile is None:
+        return resolved
+    named: list[Adapter | UnavailableTarget] = []
+    for target in resolved:
+        if isinstance(target, Adapter) and target.serving is not None:
+            if target.engine_profile not in (None, engine_profile):
+                raise click.UsageError(
+                    f"--engine-profile: {engine_profile!r} contradicts the profile "
+                    f"{target.engine_profile!r} that {target.name} names"
+                )
+            target = dataclasses.replace(target, engine_profile=engine_profile)
+        named.append(target)
+    return named
 
 
 def report_console() -> Console:
@@ -89,6 +107,21 @@ def report_console() -> Console:
     metavar="PKG.MODULE:FN",
     help="Audit this function as a greedy tree verifier on the greedy tree cases; repeatable.",
 )
+@click.option(
+    "--protocol",
+    type=click.Choice(["chain", "greedy", "serving"]),
+    default=None,
+    help="The protocol pkg.module:callable targets follow (default chain; 'serving': raw "
+    "logits, draft_probs or None, drafts, num_draft_tokens, requests, generator, audited on "
+    "the serving battery against its engine profile).",
+)
+@click.option(
+    "--engine-profile",
+    default=None,
+    metavar="NAME",
+    help="The engine profile (the non-speculative law) a serving target claims, when the "
+    "function has no engine_profile attribute.",
+)
 @click.option("--no-progress", is_flag=True, help="Do not show a progress bar.")
 @handles_signals
 def audit_command(
@@ -97,6 +130,8 @@ def audit_command(
     greedy: bool,
     tree_targets: tuple[str, ...],
     tree_greedy_targets: tuple[str, ...],
+    protocol: str | None,
+    engine_profile: str | None,
     no_progress: bool,
     **options: Any,
 ) -> None:
@@ -108,7 +143,9 @@ def audit_command(
     'python -m' would: the current directory first, then PYTHONPATH. Adapters with end-to-end
     targets (toy, transformers-generate) get the sequence-law checks. Adapters with a tree
     verifier (reference) get the tree battery; --tree and --tree-greedy audit a function in the
-    tree or greedy tree protocol (then no default target is added).
+    tree or greedy tree protocol (then no default target is added). --protocol serving audits
+    functions in the serving protocol on the serving battery, against the engine profile
+    they name (an engine_profile attribute, or --engine-profile).
     """
     from reports import print_audit, write_json
     from reports.progress import progress_bar
@@ -117,7 +154,8 @@ def audit_command(
     if json_path:
         check_output_file(Path(json_path), "--json")
     resolved = resolve_named_targets(
-        targets, greedy, tree_targets, tree_greedy_targets, options["in_process"]
+        targets, greedy, tree_targets, tree_greedy_targets, options["in_process"], protocol,
+        engine_profile,
     )
     console = report_console()
     try:

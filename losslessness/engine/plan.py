@@ -13,6 +13,12 @@ A run is a fixed grid of *units*, the same however the run is split into shards:
   and every tree check, run in the unit (no count table: the checks' results are the unit's
   record);
 - ``greedy-tree``: one greedy tree case on one target (exact, deterministic);
+- ``serving``: one serving case (:mod:`losslessness.batteries.serving`) on one target's
+  serving verifier, sized on the engine profile the target claims
+  (:func:`losslessness.checks.serving.serving_design`), checked in the unit;
+- ``seed-contract``: one per serving target, the same seeded requests in many batch
+  compositions compared exactly (:mod:`losslessness.engine.seed_contract`; no share of the
+  error budget: the check has no false alarms);
 - ``end-to-end``: one end-to-end engine of one target (the sequence-law checks);
 - ``device``: the coupling and precision checks on the run's device;
 - ``suite``: the property suite on one target (a pytest subprocess).
@@ -44,13 +50,15 @@ from typing import Any
 
 from losslessness.adapters import Adapter, EndToEndTarget
 from losslessness.batteries import (
+    SERVING_CI_MAX_STEPS,
     TREE_CI_MAX_STEPS,
     default_chain_battery,
     default_greedy_battery,
     default_greedy_tree_battery,
+    default_serving_battery,
     default_tree_battery,
 )
-from losslessness.cases import ChainCase, GreedyCase, GreedyTreeCase, TreeCase
+from losslessness.cases import ChainCase, GreedyCase, GreedyTreeCase, ServingCase, TreeCase
 from losslessness.checks import STATISTICAL_CHAIN_CHECK_IDS, count_statistical_assertions
 from losslessness.checks.assertions import case_laws, law_is_statistical
 from losslessness.checks.ids import (
@@ -59,18 +67,24 @@ from losslessness.checks.ids import (
     GREEDY_CHECK_ID,
     LAW_CHECK_ID,
     PVALUES_CHECK_ID,
+    SEED_CONTRACT_CHECK_ID,
     SEQUENCE_GREEDY_CHECK_ID,
     SEQUENCE_LAW_CHECK_ID,
+    SERVING_CHECK_IDS,
+    STATISTICAL_SERVING_CHECK_IDS,
     STATISTICAL_TREE_CHECK_IDS,
     TREE_CHECK_IDS,
     TREE_GREEDY_CHECK_ID,
 )
+from losslessness.checks.serving import serving_assertion_count, serving_design
 from losslessness.checks.tree_assertions import tree_assertions, tree_steps
 from losslessness.config import RunConfig
 from losslessness.engine.draw import rows_per_call
 from losslessness.engine.end_to_end import EndToEndPlan, plan_end_to_end
+from losslessness.engine.seed_contract import SEED_CONTRACT_CASE_ID
 from losslessness.engine.tables import CountTable
 from losslessness.reference.block import declared_verification
+from losslessness.reference.profiles import get_profile
 from losslessness.seeding import derive_seed
 from losslessness.stats import ErrorBudget, plan_identity_test
 from losslessness.stats.sequential import SEQUENTIAL_ALPHA_SHARE, AlphaSplit, split_alpha
@@ -89,6 +103,8 @@ class UnitKind(str, enum.Enum):
     GREEDY = "greedy"
     TREE = "tree"
     GREEDY_TREE = "greedy-tree"
+    SERVING = "serving"
+    SEED_CONTRACT = "seed-contract"
     END_TO_END = "end-to-end"
     DEVICE = "device"
     SUITE = "suite"
@@ -268,6 +284,9 @@ class PlanRecord:
         greedy_cases: case hash of every greedy case, by case id.
         tree_cases: the trees of every tree case, by case id.
         greedy_tree_cases: case hash of every greedy tree case, by case id.
+        serving_cases: case hash of every serving case, by case id (each serving unit's
+            ``steps`` are its rows per kind, sized on its target's engine profile; 0 when the
+            target names no known profile).
         n_assertions: statistical assertions of the battery.
         battery_alpha: the battery's family-wise rate (split Bonferroni over ``n_assertions``).
         device_alpha: the device checks' family-wise rate (0 without them).
@@ -302,6 +321,7 @@ class PlanRecord:
     sequential_share: float = 0.0
     pvalues_targets: tuple[str, ...] = ()
     declarations: tuple[tuple[str, str | None, str | None, str | None], ...] = ()
+    serving_cases: dict[str, str] = field(default_factory=dict)
 
     def declared(self, target: str) -> tuple[str | None, str | None, str | None]:
         """(exclusions, expected verdict, reason) ``target``'s adapter declares (all None
@@ -372,6 +392,7 @@ class PlanRecord:
                     (str(name), exclusions, expected, reason)
                     for name, exclusions, expected, reason in data.get("declarations", [])
                 ),
+                serving_cases=dict(data.get("serving_cases", {})),
             )
         except (KeyError, TypeError) as error:
             raise ValueError(
@@ -419,6 +440,7 @@ class RunPlan:
         chain_cases, greedy_cases: the battery cases the run samples.
         end_to_end: each target's end-to-end plans, by target name.
         tree_cases, greedy_tree_cases: the tree battery's cases the run samples.
+        serving_cases: the serving battery's cases the run samples.
         warm_up: a time budget's warm-up samples (empty without one).
     """
 
@@ -429,6 +451,7 @@ class RunPlan:
     end_to_end: dict[str, list[EndToEndPlan]] = field(default_factory=dict)
     tree_cases: list[TreeCase] = field(default_factory=list)
     greedy_tree_cases: list[GreedyTreeCase] = field(default_factory=list)
+    serving_cases: list[ServingCase] = field(default_factory=list)
     warm_up: WarmUp = field(default_factory=WarmUp)
 
     @property
@@ -463,6 +486,7 @@ class RunPlan:
         cases = {case.case_id: case for case in self.chain_cases}
         greedy = {case.case_id: case for case in self.greedy_cases}
         greedy_trees = {case.case_id: case for case in self.greedy_tree_cases}
+        serving = {case.case_id: case for case in self.serving_cases}
         e2e = {
             (name, entry.target.name): entry
             for name, entries in self.end_to_end.items()
@@ -478,6 +502,8 @@ class RunPlan:
                 total += unit.steps
             elif unit.kind is UnitKind.GREEDY_TREE:
                 total += greedy_trees[unit.case_id].batch_size
+            elif unit.kind is UnitKind.SERVING:
+                total += unit.steps * len(serving[unit.case_id].rows)
             elif unit.kind is UnitKind.END_TO_END:
                 total += e2e[(unit.target, unit.case_id)].planned_runs
         return total
@@ -504,6 +530,8 @@ def select_cases(
         known = {case.case_id for case in chain} | {case.case_id for case in greedy}
         known |= {case.case_id for case in default_tree_battery()}
         known |= {case.case_id for case in default_greedy_tree_battery()}
+        known |= {case.case_id for case in default_serving_battery()}
+        known.add(SEED_CONTRACT_CASE_ID)
         known |= {target.name for adapter in adapters for target in adapter.end_to_end}
         unknown = sorted(set(config.cases) - known)
         if unknown:
@@ -539,6 +567,31 @@ def select_tree_cases(config: RunConfig) -> tuple[list[TreeCase], list[GreedyTre
     if not config.selects(TREE_GREEDY_CHECK_ID):
         greedy_tree = []
     return tree, greedy_tree
+
+
+def select_serving_cases(config: RunConfig) -> list[ServingCase]:
+    """The serving battery's cases the run covers (``config.cases`` and ``config.only``);
+    unknown ids are :func:`select_cases`'s to reject."""
+    cases = default_serving_battery()
+    if config.cases:
+        cases = [case for case in cases if case.case_id in config.cases]
+    if not any(config.selects(check_id) for check_id in SERVING_CHECK_IDS):
+        return []
+    return cases
+
+
+def _serving_steps(adapter: Adapter, case: ServingCase, config: RunConfig, alpha: float) -> int:
+    """Rows per kind of ``case`` on ``adapter``'s engine profile (0 without a known profile: the
+    unit then reports why as an ERROR)."""
+    if config.steps is not None:
+        return config.steps
+    try:
+        profile = get_profile(adapter.engine_profile or "")
+        cap = min(config.max_steps, case.max_steps or SERVING_CI_MAX_STEPS)
+        design = serving_design(case, profile, config.tv, alpha, config.power, cap, MIN_STEPS)
+    except ValueError:
+        return 0
+    return max(1, math.ceil(design.steps * config.step_multiplier))
 
 
 def _tree_case_plan(case: TreeCase, config: RunConfig, alpha: float) -> TreeCasePlan:
@@ -612,6 +665,8 @@ def plan_run(
     if not any(adapter.greedy is not None for adapter in adapters):
         greedy = []
     tree, greedy_tree = select_tree_cases(config)
+    serving_targets = [adapter for adapter in adapters if adapter.serving is not None]
+    serving = select_serving_cases(config) if serving_targets else []
     tree_targets = [adapter for adapter in adapters if adapter.tree is not None]
     if not tree_targets:
         tree = []
@@ -627,6 +682,10 @@ def plan_run(
     if selected_tree:
         n_assertions += len(tree_targets) * sum(
             tree_assertions(case).count(selected_tree) for case in tree
+        )
+    if any(config.selects(c) for c in STATISTICAL_SERVING_CHECK_IDS):
+        n_assertions += len(serving_targets) * sum(
+            serving_assertion_count(case) for case in serving
         )
     if config.selects(SEQUENCE_LAW_CHECK_ID):
         # One identity test per sampled end-to-end target; greedy and drafts-accepted are exact.
@@ -687,6 +746,15 @@ def plan_run(
         if adapter.greedy_tree is not None:
             for greedy_tree_case in greedy_tree:
                 add(UnitKind.GREEDY_TREE, adapter.name, greedy_tree_case.case_id)
+        if adapter.serving is not None:
+            for serving_case in serving:
+                # No sequential test watches a serving case: its whole level is fixed-n.
+                steps = _serving_steps(adapter, serving_case, config, alpha)
+                add(UnitKind.SERVING, adapter.name, serving_case.case_id, 0, steps)
+            if config.selects(SEED_CONTRACT_CHECK_ID) and (
+                not config.cases or SEED_CONTRACT_CASE_ID in config.cases
+            ):
+                add(UnitKind.SEED_CONTRACT, adapter.name, SEED_CONTRACT_CASE_ID)
         for entry in e2e_plans.get(adapter.name, []):
             add(UnitKind.END_TO_END, adapter.name, entry.target.name)
     if with_device:
@@ -704,6 +772,7 @@ def plan_run(
         greedy_cases={case.case_id: case.case_hash for case in greedy},
         tree_cases=tree_plans,
         greedy_tree_cases={case.case_id: case.case_hash for case in greedy_tree},
+        serving_cases={case.case_id: case.case_hash for case in serving},
         n_assertions=budget.n_assertions,
         battery_alpha=budget.family_wise_alpha,
         device_alpha=device_alpha,
@@ -721,7 +790,7 @@ def plan_run(
             if a.exclusions is not None or a.expected_verdict is not None
         ),
     )
-    return RunPlan(record, adapters, chain, greedy, e2e_plans, tree, greedy_tree)
+    return RunPlan(record, adapters, chain, greedy, e2e_plans, tree, greedy_tree, serving)
 
 
 DEVICE_CHECKS_MODULE = "losslessness.engine.device"
@@ -772,5 +841,6 @@ __all__ = [
     "plan_case",
     "plan_run",
     "select_cases",
+    "select_serving_cases",
     "select_tree_cases",
 ]

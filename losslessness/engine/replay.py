@@ -43,6 +43,12 @@ def replay_command(plan: PlanRecord, check: CheckResult, greedy: bool = False) -
         # A pkg.module:callable audited as a tree verifier is named by its option.
         option = "--tree-greedy" if check.check_id == TREE_GREEDY_CHECK_ID else "--tree"
         command = f"losslessness audit {option} {check.target}"
+    if check.check_id.startswith("serving.") and ":" in check.target:
+        # A pkg.module:callable serving target is named with its protocol and the profile
+        # its samples were checked against.
+        command = f"losslessness audit --protocol serving {check.target}"
+        if check.details.get("engine_profile"):
+            command += f" --engine-profile {check.details['engine_profile']}"
     command += f" --seed {config.seed} --case {check.case_id} --only {check.check_id}"
     tree_grid = plan.tree_cases.get(check.case_id)
     steps = (

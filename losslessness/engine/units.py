@@ -1,8 +1,8 @@
-"""One runner per unit kind that is not a chain chunk (greedy, tree, greedy tree, end-to-end,
-device checks, property suite): each calls its target once for the unit and records the
-unit's check results. The sampled kinds obey a time budget's deadline: a unit not begun by then
-is not sampled, a tree unit stops at it (device checks and the property suite are outside the
-budget).
+"""One runner per unit kind that is not a chain chunk (greedy, tree, greedy tree, serving, seed
+contract, end-to-end, device checks, property suite): each calls its target once for the unit and
+records the unit's check results. The sampled kinds obey a time budget's deadline: a unit not
+begun by then is not sampled, a tree unit stops at it (device checks and the property suite are
+outside the budget).
 """
 
 from __future__ import annotations
@@ -14,15 +14,21 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from losslessness.adapters import NotApplicable
+from losslessness.batteries import SERVING_CI_MAX_STEPS
 from losslessness.cases import GreedyCase, GreedyTreeCase
 from losslessness.checks import malformed_output_result, run_tree_checks
 from losslessness.checks.greedy import check_greedy
 from losslessness.checks.ids import (
     GREEDY_CHECK_ID,
+    SEED_CONTRACT_CHECK_ID,
+    SERVING_CHECK_IDS,
+    SERVING_STRUCTURE_CHECK_ID,
     TREE_CHECK_IDS,
     TREE_GREEDY_CHECK_ID,
     TREE_STRUCTURE_CHECK_ID,
 )
+from losslessness.checks.seed_contract import check_seed_contract
+from losslessness.checks.serving import check_serving, serving_design
 from losslessness.checks.tree_greedy import check_tree_greedy
 from losslessness.checks.tree_sequential import TreeMonitor
 from losslessness.engine.draw import (
@@ -33,12 +39,15 @@ from losslessness.engine.draw import (
 )
 from losslessness.engine.end_to_end import EndToEndPlan, end_to_end_checks, sample_end_to_end
 from losslessness.engine.plan import (
+    MIN_STEPS,
     RunPlan,
     Unit,
     UnitKind,
     end_to_end_check_ids,
     load_device_checks,
 )
+from losslessness.engine.seed_contract import SEED_CONTRACT_SUMMARY, seed_contract_observations
+from losslessness.engine.serving import sample_serving
 from losslessness.engine.shards import FailureKind, SuiteRun, UnitRecord
 from losslessness.engine.state import (
     ShardState,
@@ -47,8 +56,11 @@ from losslessness.engine.state import (
     record_target_error,
     untested_results,
 )
+from losslessness.reference.profiles import get_profile
+from losslessness.requests import UnsupportedRequest
 from losslessness.results import CheckContext, CheckResult, Verdict
 from losslessness.samples import TreeSamples
+from losslessness.seeding import derive_seed
 
 _Outputs = TypeVar("_Outputs")
 
@@ -215,6 +227,113 @@ def _run_greedy_tree_unit(state: ShardState, unit: Unit, record: UnitRecord) -> 
     )
 
 
+def _run_serving_unit(state: ShardState, unit: Unit, record: UnitRecord) -> None:
+    """One serving case on one target's serving verifier: its engine profile (the adapter's
+    ``engine_profile``), its design stated before sampling, the samples, every serving check."""
+    plan = state.plan
+    adapter = plan.adapter(unit.target)
+    assert adapter.serving is not None
+    case = next(case for case in plan.serving_cases if case.case_id == unit.case_id)
+    seed = derive_seed(plan.config.seed, UnitKind.SERVING.value, case.case_hash)
+    context = check_context(
+        plan.record, unit.target, case.case_id, case.summary, case.case_hash, seed
+    )
+    context = dataclasses.replace(context, n_rows=case.n_rows)
+    selected = [c for c in SERVING_CHECK_IDS if plan.config.selects(c)]
+    if _past_deadline(state):
+        _not_sampled(record, context, selected, "time budget spent")
+        return
+    try:
+        profile = get_profile(adapter.engine_profile or "")
+    except ValueError as error:
+        record.fail(
+            FailureKind.ERROR,
+            f"no engine profile for the serving target ({error}): set the function's "
+            "engine_profile attribute or pass --engine-profile",
+        )
+        record.checks = untested_results(context, record, selected)
+        return
+    cap = case.max_steps or SERVING_CI_MAX_STEPS
+    try:
+        design = serving_design(
+            case, profile, plan.config.tv, context.alpha, plan.config.power,
+            min(plan.config.max_steps, cap), MIN_STEPS,
+        )
+    except UnsupportedRequest as error:
+        # The engine has no such processor: the case does not apply to this target.
+        record.fail(FailureKind.NOT_APPLICABLE, f"not applicable: {error}")
+        record.checks = untested_results(context, record, selected)
+        return
+    began = time.perf_counter()
+    try:
+        samples = sample_serving(
+            adapter.serving, case, unit.steps, seed, plan.config.timeout_s,
+            progress=state.tracker.advance,
+        )
+    except ProtocolViolation as violation:
+        record.checks = [malformed_output_result(context, violation, SERVING_STRUCTURE_CHECK_ID)]
+        record.verifier_time_s = time.perf_counter() - began
+        return
+    except Exception as error:
+        record_target_error(state, record, error)
+        record.checks = untested_results(context, record, selected)
+        record.verifier_time_s = time.perf_counter() - began
+        return
+    record.verify_steps = samples.n_steps
+    record.verifier_calls = samples.calls
+    record.verifier_time_s = samples.verifier_time_s
+    context = dataclasses.replace(
+        context,
+        sampling_time_s=samples.wall_time_s,
+        details={
+            "steps": unit.steps,
+            "engine_profile": profile.name,
+            "capped": design.capped,
+            "needed_steps": design.needed_steps,
+            "dtype": case.dtype,
+            "batch_size": case.batch_size,
+        },
+    )
+    results = check_serving(samples, profile, context, design)
+    record.checks = [result for result in results if plan.config.selects(result.check_id)]
+
+
+def _run_seed_contract_unit(state: ShardState, unit: Unit, record: UnitRecord) -> None:
+    """The seed contract of one serving target: its seeded requests in every batch
+    composition (:func:`~losslessness.engine.seed_contract.seed_contract_observations`),
+    compared exactly; a broken contract is IRREPRODUCIBLE, a crash or hang an ERROR, a
+    malformed output a failed ``serving.structure``."""
+    plan = state.plan
+    adapter = plan.adapter(unit.target)
+    assert adapter.serving is not None
+    seed = derive_seed(plan.config.seed, UnitKind.SEED_CONTRACT.value)
+    context = check_context(
+        plan.record, unit.target, unit.case_id, SEED_CONTRACT_SUMMARY, UnitKind.SEED_CONTRACT.value,
+        seed,
+    )
+    if _past_deadline(state):
+        _not_sampled(record, context, [SEED_CONTRACT_CHECK_ID], "time budget spent")
+        return
+    began = time.perf_counter()
+    try:
+        observations = seed_contract_observations(
+            adapter.serving, seed, plan.config.timeout_s, progress=state.tracker.advance
+        )
+    except ProtocolViolation as violation:
+        record.checks = [malformed_output_result(context, violation, SERVING_STRUCTURE_CHECK_ID)]
+        record.verifier_time_s = time.perf_counter() - began
+        return
+    except Exception as error:
+        record_target_error(state, record, error)
+        record.checks = untested_results(context, record, [SEED_CONTRACT_CHECK_ID])
+        record.verifier_time_s = time.perf_counter() - began
+        return
+    record.verifier_time_s = time.perf_counter() - began
+    record.verifier_calls = len(observations)
+    context = dataclasses.replace(context, sampling_time_s=record.verifier_time_s)
+    record.checks = [check_seed_contract(observations, context)]
+
+
 def _end_to_end_entry(plan: RunPlan, unit: Unit) -> EndToEndPlan:
     return next(
         entry for entry in plan.end_to_end[unit.target] if entry.target.name == unit.case_id
@@ -295,6 +414,8 @@ _UNIT_RUNNERS = {
     UnitKind.GREEDY: _run_greedy_unit,
     UnitKind.TREE: _run_tree_unit,
     UnitKind.GREEDY_TREE: _run_greedy_tree_unit,
+    UnitKind.SERVING: _run_serving_unit,
+    UnitKind.SEED_CONTRACT: _run_seed_contract_unit,
     UnitKind.END_TO_END: _run_end_to_end_unit,
     UnitKind.DEVICE: _run_device_unit,
     UnitKind.SUITE: _run_suite_unit,

@@ -7,22 +7,23 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from losslessness.adapters.base import Adapter
-from losslessness.cases import ChainCase, GreedyCase, GreedyTreeCase, TreeCase
+from losslessness.cases import ChainCase, GreedyCase, GreedyTreeCase, ServingCase, TreeCase
 from losslessness.protocol import (
     PROTOCOLS,
     ChainVerifier,
     GreedyTreeVerifier,
     GreedyVerifier,
+    ServingVerifier,
     TreeVerifier,
 )
 
 MUTANT_PREFIX = "mutant/"
 """Target names starting with this resolve to a mutant (``mutant/<name>``)."""
 
-ZooCase = ChainCase | GreedyCase | TreeCase | GreedyTreeCase
+ZooCase = ChainCase | GreedyCase | TreeCase | GreedyTreeCase | ServingCase
 """A case on which a mutant's mechanism acts, in the mutant's protocol."""
 
-ZooVerifier = ChainVerifier | GreedyVerifier | TreeVerifier | GreedyTreeVerifier
+ZooVerifier = ChainVerifier | GreedyVerifier | TreeVerifier | GreedyTreeVerifier | ServingVerifier
 """A mutant's verifier, in one of the protocols of :mod:`losslessness.protocol`."""
 
 
@@ -34,12 +35,15 @@ class Mutant:
     Attributes:
         name: kebab-case, unique (``residual-clamped-1e-5``; tree entries ``tree-<name>``).
         verifier: the verifier function, in ``protocol``.
-        protocol: ``chain``, ``greedy``, ``tree`` or ``greedy-tree``
+        protocol: ``chain``, ``greedy``, ``tree``, ``greedy-tree`` or ``serving``
             (:data:`losslessness.protocol.PROTOCOLS`).
         lossy: False for the lossless controls.
         mechanism: one line: what is wrong (for a control: why it is still lossless).
         source: URL of the bug report, PR, issue or code the mechanism comes from.
         build_case: builds :attr:`case` (deterministic: the same tensors on every machine).
+        engine_profile: the engine profile a ``serving`` entry claims, else None.
+        irreproducible: a ``serving`` entry whose seeded rows change with their batch (its law
+            is right: ``lossy`` is False, and the audit's verdict is IRREPRODUCIBLE).
 
     Raises:
         ValueError: naming ``protocol``, when it is not one of the four.
@@ -52,6 +56,8 @@ class Mutant:
     mechanism: str
     source: str
     build_case: Callable[[], ZooCase] = field(repr=False, compare=False)
+    engine_profile: str | None = None
+    irreproducible: bool = False
 
     def __post_init__(self) -> None:
         if self.protocol not in PROTOCOLS:
@@ -71,6 +77,8 @@ class Mutant:
         verifier in its protocol's slot; its description gives the kind, protocol, mechanism
         and source."""
         kind = "lossless control" if not self.lossy else "lossy mutant"
+        if self.irreproducible:
+            kind = "seed-contract mutant"
         protocol = self.protocol.replace("-", " ")
         return Adapter(
             name=MUTANT_PREFIX + self.name,
@@ -81,4 +89,6 @@ class Mutant:
             greedy_tree=(
                 self.verifier if self.protocol == "greedy-tree" else None  # type: ignore[arg-type]
             ),
+            serving=self.verifier if self.protocol == "serving" else None,  # type: ignore[arg-type]
+            engine_profile=self.engine_profile,
         )

@@ -13,6 +13,8 @@ from collections.abc import Iterable, Mapping
 from losslessness.adapters.base import AdapterNotFound
 from losslessness.zoo.chain import CHAIN_ZOO, PRECISION_ZOO
 from losslessness.zoo.entry import MUTANT_PREFIX, Mutant
+from losslessness.zoo.seeds import seed_zoo
+from losslessness.zoo.serving import serving_zoo
 from losslessness.zoo.tree import TREE_ZOO
 
 
@@ -42,6 +44,14 @@ PRECISION_MUTANTS: Mapping[str, Mutant] = _by_name(PRECISION_ZOO)
 resolves them too."""
 
 
+SERVING_MUTANTS: Mapping[str, Mutant] = _by_name((*serving_zoo(), *seed_zoo()))
+"""The serving entries (:mod:`losslessness.zoo.serving`, and the seed-contract mutants of
+:mod:`losslessness.zoo.seeds`) by name, for the profile
+:data:`~losslessness.zoo.serving.ZOO_PROFILE`: kept out of :data:`MUTANTS`, whose lossy
+entries the default audit (which has no serving battery) must each catch; ``mutant/<name>``
+resolves them too."""
+
+
 def mutant(name: str) -> Mutant:
     """The mutant called ``name`` (with or without the ``mutant/`` prefix).
 
@@ -51,6 +61,8 @@ def mutant(name: str) -> Mutant:
     key = name.removeprefix(MUTANT_PREFIX)
     if key in PRECISION_MUTANTS:
         return PRECISION_MUTANTS[key]
+    if key in SERVING_MUTANTS:
+        return SERVING_MUTANTS[key]
     if key not in MUTANTS:
         raise AdapterNotFound(
             f"{name!r}: no such mutant; known mutants: {', '.join(MUTANT_NAMES)}"

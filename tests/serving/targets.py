@@ -1,0 +1,57 @@
+"""Serving targets for the tests: the reference serving verifier on the test profile, as a
+``pkg.module:callable`` a user would name (``engine_profile`` set as the protocol asks), and
+the same verifier without the attribute (the audit's ``--engine-profile`` names it)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from losslessness.reference.serving import ServingReference
+from losslessness.requests import Request
+from tests.serving.profile import PROFILE_NAME, small_profile
+
+reference = ServingReference(small_profile())
+reference.engine_profile = PROFILE_NAME  # type: ignore[attr-defined]
+
+unnamed = ServingReference(small_profile())
+
+
+def records_call(
+    target_logits: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    draft_token_ids: torch.Tensor,
+    num_draft_tokens: torch.Tensor,
+    requests: tuple[Request, ...],
+    generator: torch.Generator,
+) -> torch.Tensor:
+    """Raises unless the call arrived as the serving protocol sends it (Request objects, None
+    draft probabilities kept None), else verifies with the reference."""
+    if draft_probs is not None or not all(isinstance(r, Request) for r in requests):
+        raise TypeError(f"arrived as {type(draft_probs).__name__}, {[type(r) for r in requests]}")
+    return reference(
+        target_logits, draft_probs, draft_token_ids, num_draft_tokens, requests, generator
+    )
+
+
+records_call.engine_profile = PROFILE_NAME  # type: ignore[attr-defined]
+
+
+def seeded_from_shared_stream(
+    target_logits: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    draft_token_ids: torch.Tensor,
+    num_draft_tokens: torch.Tensor,
+    requests: tuple[Request, ...],
+    generator: torch.Generator,
+) -> torch.Tensor:
+    """The reference with every seed dropped: seeded rows draw from the shared generator (the
+    law is right, the seed contract broken), as a ``pkg.module:callable`` in a worker."""
+    unseeded = tuple(dataclasses.replace(r, seed=None) for r in requests)
+    return reference(
+        target_logits, draft_probs, draft_token_ids, num_draft_tokens, unseeded, generator
+    )
+
+
+seeded_from_shared_stream.engine_profile = PROFILE_NAME  # type: ignore[attr-defined]
