@@ -2,7 +2,8 @@
 
 It spans V from 2 to 4096; flat, dense, peaked (hundreds of masses below 1e-3) and skewed
 distributions; exact zeros in p where q is positive and the reverse; q near p and far from it;
-draft lengths k = 1..4; batches of identical rows and of different rows; and the exact edge
+draft lengths k = 1..4; batches of identical rows and of different rows; calls of one row, calls of distinct rows
+only, float32 and bfloat16 inputs; and the exact edge
 cases of docs/architecture.md, 'What lossless means' (disjoint supports, one-hot p, p == q). Every
 case is built from :data:`BATTERY_SEED`, so the battery, and each case's hash, is the same on every
 machine.
@@ -30,6 +31,8 @@ def _case(
     target: list[list[np.ndarray]],
     draft: list[list[np.ndarray]],
     tags: set[str],
+    call_batch_size: int | None = None,
+    dtype: str = "float64",
 ) -> ChainCase:
     target_probs = torch.stack([probs_tensor(rows) for rows in target])
     draft_probs = torch.stack([probs_tensor(rows) for rows in draft])
@@ -37,15 +40,19 @@ def _case(
     tv = total_variation(target_probs[:, :k], draft_probs)
     tv_text = f"TV(p,q) {float(tv.min()):.2f}-{float(tv.max()):.2f}" if k else "k=0"
     rows = f", {target_probs.shape[0]} row types" if target_probs.shape[0] > 1 else ""
-    summary = f"V={target_probs.shape[2]} k={k} {regime}, {tv_text}{rows}"
-    return ChainCase(case_id, summary, target_probs, draft_probs, frozenset(tags))
+    batch = "" if call_batch_size is None else f", B={call_batch_size}"
+    precision = "" if dtype == "float64" else f", {dtype}"
+    summary = f"V={target_probs.shape[2]} k={k} {regime}, {tv_text}{rows}{batch}{precision}"
+    return ChainCase(
+        case_id, summary, target_probs, draft_probs, frozenset(tags), call_batch_size, dtype
+    )
 
 
 def default_chain_battery() -> list[ChainCase]:
     """The chain-verifier battery of the default audit.
 
     Returns:
-        Twelve :class:`ChainCase` objects, deterministic (built from :data:`BATTERY_SEED`).
+        Sixteen :class:`ChainCase` objects, deterministic (built from :data:`BATTERY_SEED`).
     """
     return list(_default_chain_battery())
 
@@ -197,6 +204,58 @@ def _default_chain_battery() -> tuple[ChainCase, ...]:
             [[*same, dirichlet(32, 1.0)]],
             [same],
             {"p-equals-q"},
+        )
+    )
+    # Call conditions (issue 21): a verifier may be lossy only in small batches, only when a
+    # call's rows all differ, or only for reduced-precision inputs. Built last, so that the
+    # cases above keep their draws and hashes.
+    p_b1 = [dirichlet(64, 1.0) for _ in range(3)]
+    cases.append(
+        _case(
+            "v64-b1",
+            "dense, q far from p, one row per call",
+            [p_b1],
+            [[mix(p, dirichlet(64, 1.0), 0.5) for p in p_b1[:2]]],
+            {"dense", "far", "small-batch"},
+            call_batch_size=1,
+        )
+    )
+    distinct_target = [[dirichlet(48, 1.0) for _ in range(3)] for _ in range(4)]
+    cases.append(
+        _case(
+            "v48-distinct-b4",
+            "four distinct rows in every call",
+            distinct_target,
+            [[mix(p, dirichlet(48, 1.0), 0.5) for p in ps[:2]] for ps in distinct_target],
+            {"dense", "far", "distinct-rows"},
+            call_batch_size=4,
+        )
+    )
+    float32_rows = [peaked(128, 0.5) for _ in range(4)]
+    cases.append(
+        _case(
+            "v128-float32",
+            "peaked, q a perturbed temperature, float32 inputs",
+            [[probs for _, probs in float32_rows]],
+            [
+                [
+                    softmax((logits + 0.3 * rng.standard_normal(128)) / 0.6)
+                    for logits, _ in float32_rows[:3]
+                ]
+            ],
+            {"peaked", "near", "float32"},
+            dtype="float32",
+        )
+    )
+    p_bf16 = [dirichlet(256, 1.0) for _ in range(3)]
+    cases.append(
+        _case(
+            "v256-bfloat16",
+            "dense, bfloat16 inputs",
+            [p_bf16],
+            [[mix(p, dirichlet(256, 1.0), 0.5) for p in p_bf16[:2]]],
+            {"dense", "bfloat16"},
+            dtype="bfloat16",
         )
     )
     return tuple(cases)
