@@ -2,10 +2,10 @@
 
 It spans V from 2 to 4096; flat, dense, peaked (hundreds of masses below 1e-3) and skewed
 distributions; exact zeros in p where q is positive and the reverse; q near p and far from it;
-draft lengths k = 1..4; batches of identical rows and of different rows; calls of one row, calls of distinct rows
-only, float32 and bfloat16 inputs; and the exact edge
-cases of docs/architecture.md, 'What lossless means' (disjoint supports, one-hot p, p == q). Every
-case is built from :data:`BATTERY_SEED`, so the battery, and each case's hash, is the same on every
+draft lengths k = 1..4; batches of identical rows and of different rows; calls of one row,
+calls of distinct rows only, float32 and bfloat16 inputs; and the exact edge cases of
+docs/architecture.md, 'What lossless means' (disjoint supports, one-hot p, p == q). Every case
+is built from :data:`BATTERY_SEED`, so the battery, and each case's hash, is the same on every
 machine.
 """
 
@@ -259,3 +259,53 @@ def _default_chain_battery() -> tuple[ChainCase, ...]:
         )
     )
     return tuple(cases)
+
+
+VOCAB_BATTERY_SEED = BATTERY_SEED + 2
+"""Seed of :func:`chain_battery_at_vocab` (the greedy battery uses ``BATTERY_SEED + 1``)."""
+
+LOGIT_SCALE = 3.0
+"""Standard deviation of the LM-like cases' raw logits: softmax(3 z), z ~ N(0, 1), puts a few
+per cent of the mass on the top token and most of it on the top few hundred at V = 32k."""
+
+
+@functools.cache
+def chain_battery_at_vocab(vocab_size: int) -> tuple[ChainCase, ...]:
+    """LM-like chain cases at one vocabulary size V (``--vocab-size``): the target a softmax of
+    random logits (scale :data:`LOGIT_SCALE`), the draft the same logits perturbed, a little
+    (q near p) or much (q far from p), k = 1..4.
+
+    Args:
+        vocab_size: V >= 2. Memory: the case holds ``(2k+1) V`` float64 per row type and the
+            sampler at most :data:`losslessness.engine.draw.BATCH_ELEMENT_BUDGET` elements per
+            call, so V = 152k costs about 11 MB per case and a few copies per call.
+
+    Returns:
+        Four :class:`ChainCase` objects, deterministic (built from
+        :data:`VOCAB_BATTERY_SEED` and V).
+
+    Raises:
+        ValueError: naming ``vocab_size`` when it is below 2.
+    """
+    if vocab_size < 2:
+        raise ValueError(f"vocab_size: must be >= 2, got {vocab_size}")
+    rng = np.random.default_rng([VOCAB_BATTERY_SEED, vocab_size])
+
+    def lm_case(k: int, noise: float, regime: str) -> ChainCase:
+        logits = LOGIT_SCALE * rng.standard_normal((k + 1, vocab_size))
+        drafts = logits[:k] + noise * rng.standard_normal((k, vocab_size))
+        tags = {"lm-like", "near" if noise < 1 else "far"}
+        return _case(
+            f"v{vocab_size}-lm-{regime}-k{k}",
+            f"LM-like softmax of random logits, q {regime} p",
+            [[softmax(row) for row in logits]],
+            [[softmax(row) for row in drafts]],
+            tags,
+        )
+
+    return (
+        lm_case(1, 0.3, "near"),
+        lm_case(2, 3.0, "far"),
+        lm_case(3, 0.5, "near"),
+        lm_case(4, 1.5, "far"),
+    )
