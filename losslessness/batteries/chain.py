@@ -209,24 +209,26 @@ def _default_chain_battery() -> tuple[ChainCase, ...]:
     # Call conditions (issue 21): a verifier may be lossy only in small batches, only when a
     # call's rows all differ, or only for reduced-precision inputs. Built last, so that the
     # cases above keep their draws and hashes.
-    p_b1 = [dirichlet(64, 1.0) for _ in range(3)]
+    # Small V and k: every step of these two is one verifier call (of 1 and 4 rows), so they
+    # are kept to the fewest steps the design allows.
+    p_b1 = [dirichlet(8, 1.0) for _ in range(2)]
     cases.append(
         _case(
-            "v64-b1",
+            "v8-b1",
             "dense, q far from p, one row per call",
             [p_b1],
-            [[mix(p, dirichlet(64, 1.0), 0.5) for p in p_b1[:2]]],
+            [[mix(p_b1[0], dirichlet(8, 1.0), 0.5)]],
             {"dense", "far", "small-batch"},
             call_batch_size=1,
         )
     )
-    distinct_target = [[dirichlet(48, 1.0) for _ in range(3)] for _ in range(4)]
+    distinct_target = [[dirichlet(8, 1.0) for _ in range(2)] for _ in range(4)]
     cases.append(
         _case(
-            "v48-distinct-b4",
+            "v8-distinct-b4",
             "four distinct rows in every call",
             distinct_target,
-            [[mix(p, dirichlet(48, 1.0), 0.5) for p in ps[:2]] for ps in distinct_target],
+            [[mix(ps[0], dirichlet(8, 1.0), 0.5)] for ps in distinct_target],
             {"dense", "far", "distinct-rows"},
             call_batch_size=4,
         )
