@@ -16,7 +16,7 @@ from functools import cached_property
 
 import torch
 
-from losslessness.laws import ChainLaws, chain_laws
+from losslessness.laws import ChainLaws, chain_laws, law_after_cast
 from losslessness.protocol import (
     DRAFT_SCHEMES,
     InvalidInputError,
@@ -36,6 +36,15 @@ def _tensor_hash(case_id: str, *tensors: torch.Tensor) -> str:
         digest.update(str(tuple(tensor.shape)).encode())
         digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
     return digest.hexdigest()[:12]
+
+
+CHAIN_INPUT_DTYPES: dict[str, torch.dtype] = {
+    "float64": torch.float64,
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+}
+"""The input dtypes a chain case can hand its verifier (``ChainCase.dtype``), by name (the
+names of ``--dtype`` and of case files)."""
 
 
 class CaseShape:
@@ -71,15 +80,32 @@ class ChainCase(CaseShape):
     The audit draws d_i ~ q_i itself and calls the verifier on batches holding every row type,
     so a case with R > 1 exercises batches of different rows; R == 1 gives identical rows.
 
+    Two *call conditions* say how the verifier is called (issue 21: a verifier may be lossy
+    only in small batches, only for float32 inputs, or only when a batch's rows all differ):
+
+    - ``call_batch_size`` B: rows per verifier call. None (the default) fills each call with
+      as many copies of every row type as :data:`losslessness.engine.draw.BATCH_ELEMENT_BUDGET`
+      allows; an integer makes every call (but the last of a chunk) exactly B rows of the
+      stream of row types ``0, 1, .., R-1, 0, 1, ..``: B = 1 calls one row at a time, and
+      B = R with R distinct row types makes every call a batch of distinct rows.
+    - ``dtype``: the precision of the ``target_probs`` and ``draft_probs`` the verifier
+      receives (:data:`CHAIN_INPUT_DTYPES`): :attr:`input_target_probs`, the float64 rows
+      cast. The exact laws are those of the values it receives, in float64
+      (:attr:`law_target_probs`, :func:`~losslessness.laws.law_after_cast`), and the drafts
+      are drawn from them, so a correct verifier is lossless at every dtype.
+
     Attributes:
         case_id: short unique name (used by ``--case``).
         summary: one line for humans (V, k, regime, TV).
         target_probs: ``[R, k+1, V]`` float64, rows summing to 1.
         draft_probs: ``[R, k, V]`` float64, rows summing to 1.
         tags: regimes and edge-case labels (``disjoint``, ``one-hot``, ``p-equals-q``, ...).
+        call_batch_size: rows per verifier call, >= 1, or None (as many as the budget allows).
+        dtype: a key of :data:`CHAIN_INPUT_DTYPES`.
 
     Raises:
-        InvalidInputError: if the tensors do not form valid chain inputs.
+        InvalidInputError: if the tensors do not form valid chain inputs, or naming
+            ``call_batch_size`` or ``dtype`` when those are out of range.
     """
 
     case_id: str
@@ -87,13 +113,70 @@ class ChainCase(CaseShape):
     target_probs: torch.Tensor
     draft_probs: torch.Tensor
     tags: frozenset[str] = field(default_factory=frozenset)
+    call_batch_size: int | None = None
+    dtype: str = "float64"
 
     def __post_init__(self) -> None:
+        if self.call_batch_size is not None and (
+            isinstance(self.call_batch_size, bool)
+            or not isinstance(self.call_batch_size, int)
+            or self.call_batch_size < 1
+        ):
+            raise InvalidInputError(
+                "call_batch_size", f"must be an integer >= 1 or None, got {self.call_batch_size!r}"
+            )
+        if self.dtype not in CHAIN_INPUT_DTYPES:
+            raise InvalidInputError(
+                "dtype", f"{self.dtype!r} is not one of {', '.join(CHAIN_INPUT_DTYPES)}"
+            )
         rows = self.draft_probs.shape[0] if self.draft_probs.dim() == 3 else 0
         ids = torch.zeros((rows, self.draft_probs.shape[1] if rows else 0), dtype=torch.int64)
         if rows and ids.shape[1]:
             ids = self.draft_probs.argmax(dim=-1)
         validate_chain_inputs(self.target_probs, self.draft_probs, ids)
+        if self.dtype != "float64":
+            validate_chain_inputs(self.input_target_probs, self.input_draft_probs, ids)
+
+    @property
+    def input_dtype(self) -> torch.dtype:
+        """The torch dtype of :attr:`dtype`."""
+        return CHAIN_INPUT_DTYPES[self.dtype]
+
+    @cached_property
+    def input_target_probs(self) -> torch.Tensor:
+        """``[R, k+1, V]`` in :attr:`input_dtype`: the p rows the verifier receives
+        (:attr:`target_probs` itself at float64)."""
+        return self.target_probs.to(self.input_dtype)
+
+    @cached_property
+    def input_draft_probs(self) -> torch.Tensor:
+        """``[R, k, V]`` in :attr:`input_dtype`: the q rows the verifier receives."""
+        return self.draft_probs.to(self.input_dtype)
+
+    @cached_property
+    def law_target_probs(self) -> torch.Tensor:
+        """``[R, k+1, V]`` float64: the p the exact laws use, the received rows in float64 and
+        renormalised (:func:`~losslessness.laws.law_after_cast`; :attr:`target_probs` itself
+        at float64, untouched)."""
+        if self.dtype == "float64":
+            return self.target_probs
+        return law_after_cast(self.target_probs, self.input_dtype)
+
+    @cached_property
+    def law_draft_probs(self) -> torch.Tensor:
+        """``[R, k, V]`` float64: the q the drafts are drawn from and the laws use (see
+        :attr:`law_target_probs`)."""
+        if self.dtype == "float64":
+            return self.draft_probs
+        return law_after_cast(self.draft_probs, self.input_dtype)
+
+    @property
+    def conditions(self) -> str:
+        """The call conditions in words, ``""`` for the defaults (``"B=1 float32"``)."""
+        parts = [] if self.call_batch_size is None else [f"B={self.call_batch_size}"]
+        if self.dtype != "float64":
+            parts.append(self.dtype)
+        return " ".join(parts)
 
     @property
     def target_shape(self) -> tuple[int, int, int]:
@@ -108,15 +191,19 @@ class ChainCase(CaseShape):
 
     @cached_property
     def case_hash(self) -> str:
-        """First 12 hex digits of a SHA-256 over the id and the exact tensors."""
-        return _tensor_hash(self.case_id, self.target_probs, self.draft_probs)
+        """First 12 hex digits of a SHA-256 over the id, the call conditions (when not the
+        defaults, so that the battery's hashes predate them) and the exact tensors."""
+        conditions = f"/{self.call_batch_size}/{self.dtype}" if self.conditions else ""
+        return _tensor_hash(self.case_id + conditions, self.target_probs, self.draft_probs)
 
     @cached_property
     def laws(self) -> tuple[ChainLaws, ...]:
-        """Exact laws of each row type (:func:`~losslessness.laws.chain_laws`),
-        computed once per case: the plan, the monitors and every chain check read them."""
+        """Exact laws of each row type (:func:`~losslessness.laws.chain_laws` of
+        :attr:`law_target_probs` and :attr:`law_draft_probs`), computed once per case: the
+        plan, the monitors and every chain check read them."""
         return tuple(
-            chain_laws(self.target_probs[r], self.draft_probs[r]) for r in range(self.n_rows)
+            chain_laws(self.law_target_probs[r], self.law_draft_probs[r])
+            for r in range(self.n_rows)
         )
 
 

@@ -12,7 +12,11 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from losslessness.cases import CHAIN_INPUT_DTYPES
 from losslessness.stats import DEFAULT_FAMILY_WISE_ALPHA
+
+MIN_CONDITION_VOCAB = 8
+"""Smallest ``--vocab-size``: the LM-like cases need a few tokens below the peak."""
 
 DEFAULT_TIMEOUT_S = 300.0
 """Seconds one call of a target may take before it counts as hung (``--timeout``): well above
@@ -46,6 +50,9 @@ CLI_FLAGS = {
     "suite_targets": "--suite-targets",
     "early_stop": "--early-stop",
     "time_budget_s": "--time-budget",
+    "vocab_size": "--vocab-size",
+    "batch_size": "--batch-size",
+    "dtype": "--dtype",
 }
 """The command-line flag that sets each :class:`RunConfig` field (the validation errors name
 the field; the commands report the flag, :func:`flag_of_error`)."""
@@ -159,6 +166,12 @@ class RunConfig(RunDesign):
             every target's throughput and the design TV is raised until the plan fits
             (:mod:`losslessness.engine.time_budget`); sampling stops at the budget. None: no
             budget.
+        vocab_size: build the chain cases at this vocabulary size V (``--vocab-size``,
+            :func:`losslessness.batteries.chain.chain_battery_at_vocab`); None: the battery.
+        batch_size: rows per verifier call of every chain case (``ChainCase.call_batch_size``)
+            and trees per call of every tree case (``--batch-size``); None: each case's own.
+        dtype: the input dtype of every chain case (``--dtype``, a key of
+            :data:`losslessness.cases.CHAIN_INPUT_DTYPES`); None: each case's own.
         dropped_cases: cases the time budget's fit dropped as too slow (set by the fit, never
             by a user): the planned assertions did not all run, so no target can be LOSSLESS
             (:func:`losslessness.results.design_shortfalls`).
@@ -182,6 +195,9 @@ class RunConfig(RunDesign):
     suite_targets: tuple[str, ...] | None = None
     early_stop: bool = True
     time_budget_s: float | None = None
+    vocab_size: int | None = None
+    batch_size: int | None = None
+    dtype: str | None = None
     dropped_cases: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -210,6 +226,16 @@ class RunConfig(RunDesign):
         if not self.timeout_s > 0:
             raise ValueError(
                 f"timeout_s: must be a positive number of seconds, got {self.timeout_s}"
+            )
+        if self.vocab_size is not None and self.vocab_size < MIN_CONDITION_VOCAB:
+            raise ValueError(
+                f"vocab_size: must be >= {MIN_CONDITION_VOCAB}, got {self.vocab_size}"
+            )
+        if self.batch_size is not None and self.batch_size < 1:
+            raise ValueError(f"batch_size: must be >= 1, got {self.batch_size}")
+        if self.dtype is not None and self.dtype not in CHAIN_INPUT_DTYPES:
+            raise ValueError(
+                f"dtype: must be one of {', '.join(CHAIN_INPUT_DTYPES)}, got {self.dtype!r}"
             )
         if self.device not in DEVICES:
             raise ValueError(f"device: must be one of {DEVICES}, got {self.device!r}")

@@ -253,3 +253,24 @@ def prefix_acceptance_bound(
             exact[m] = False
             cells[m] = 0
     return PrefixAcceptanceBound(bound, exact, tuple(cells))
+
+
+def law_after_cast(probs: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The law an implementation receiving ``probs`` in ``dtype`` is given: cast, then
+    renormalised in float64 (a row whose every mass underflowed keeps its largest entry).
+    The opposite order of :func:`strategies.renormalise_then_cast`, which makes the rows an
+    implementation is fed.
+
+    Args:
+        probs: ``[..., V]`` float rows summing to 1.
+        dtype: the precision the implementation receives.
+
+    Returns:
+        ``[..., V]`` float64 rows summing to 1; zeros of ``probs`` stay zeros.
+    """
+    cast = probs.to(dtype).to(torch.float64)
+    empty = cast.sum(dim=-1, keepdim=True) <= 0
+    if bool(empty.any()):
+        peak = torch.nn.functional.one_hot(probs.argmax(dim=-1), probs.shape[-1]).to(torch.float64)
+        cast = torch.where(empty, peak, cast)
+    return cast / cast.sum(dim=-1, keepdim=True)

@@ -397,7 +397,7 @@ def row_sum_tolerance(dtype: torch.dtype, vocab_size: int) -> float:
 def renormalise_then_cast(probs: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Renormalise the rows of ``probs`` ``[..., V]`` in float64, then cast to ``dtype``: the
     rows a verifier is fed in ``dtype`` (the law it is then given is
-    :func:`losslessness.checks.precision.law_after_cast` of them, cast first).
+    :func:`losslessness.laws.law_after_cast` of them, cast first).
 
     Args:
         probs: ``[..., V]`` non-negative tensor, each row with positive mass.

@@ -2,9 +2,10 @@
 
 It spans V from 2 to 4096; flat, dense, peaked (hundreds of masses below 1e-3) and skewed
 distributions; exact zeros in p where q is positive and the reverse; q near p and far from it;
-draft lengths k = 1..4; batches of identical rows and of different rows; and the exact edge
-cases of docs/architecture.md, 'What lossless means' (disjoint supports, one-hot p, p == q). Every
-case is built from :data:`BATTERY_SEED`, so the battery, and each case's hash, is the same on every
+draft lengths k = 1..4; batches of identical rows and of different rows; calls of one row,
+calls of distinct rows only, float32 and bfloat16 inputs; and the exact edge cases of
+docs/architecture.md, 'What lossless means' (disjoint supports, one-hot p, p == q). Every case
+is built from :data:`BATTERY_SEED`, so the battery, and each case's hash, is the same on every
 machine.
 """
 
@@ -30,6 +31,8 @@ def _case(
     target: list[list[np.ndarray]],
     draft: list[list[np.ndarray]],
     tags: set[str],
+    call_batch_size: int | None = None,
+    dtype: str = "float64",
 ) -> ChainCase:
     target_probs = torch.stack([probs_tensor(rows) for rows in target])
     draft_probs = torch.stack([probs_tensor(rows) for rows in draft])
@@ -37,15 +40,19 @@ def _case(
     tv = total_variation(target_probs[:, :k], draft_probs)
     tv_text = f"TV(p,q) {float(tv.min()):.2f}-{float(tv.max()):.2f}" if k else "k=0"
     rows = f", {target_probs.shape[0]} row types" if target_probs.shape[0] > 1 else ""
-    summary = f"V={target_probs.shape[2]} k={k} {regime}, {tv_text}{rows}"
-    return ChainCase(case_id, summary, target_probs, draft_probs, frozenset(tags))
+    batch = "" if call_batch_size is None else f", B={call_batch_size}"
+    precision = "" if dtype == "float64" else f", {dtype}"
+    summary = f"V={target_probs.shape[2]} k={k} {regime}, {tv_text}{rows}{batch}{precision}"
+    return ChainCase(
+        case_id, summary, target_probs, draft_probs, frozenset(tags), call_batch_size, dtype
+    )
 
 
 def default_chain_battery() -> list[ChainCase]:
     """The chain-verifier battery of the default audit.
 
     Returns:
-        Twelve :class:`ChainCase` objects, deterministic (built from :data:`BATTERY_SEED`).
+        Sixteen :class:`ChainCase` objects, deterministic (built from :data:`BATTERY_SEED`).
     """
     return list(_default_chain_battery())
 
@@ -199,4 +206,108 @@ def _default_chain_battery() -> tuple[ChainCase, ...]:
             {"p-equals-q"},
         )
     )
+    # Call conditions (issue 21): a verifier may be lossy only in small batches, only when a
+    # call's rows all differ, or only for reduced-precision inputs. Built last, so that the
+    # cases above keep their draws and hashes.
+    # Small V and k: every step of these two is one verifier call (of 1 and 4 rows), so they
+    # are kept to the fewest steps the design allows.
+    p_b1 = [dirichlet(8, 1.0) for _ in range(2)]
+    cases.append(
+        _case(
+            "v8-b1",
+            "dense, q far from p, one row per call",
+            [p_b1],
+            [[mix(p_b1[0], dirichlet(8, 1.0), 0.5)]],
+            {"dense", "far", "small-batch"},
+            call_batch_size=1,
+        )
+    )
+    distinct_target = [[dirichlet(8, 1.0) for _ in range(2)] for _ in range(4)]
+    cases.append(
+        _case(
+            "v8-distinct-b4",
+            "four distinct rows in every call",
+            distinct_target,
+            [[mix(ps[0], dirichlet(8, 1.0), 0.5)] for ps in distinct_target],
+            {"dense", "far", "distinct-rows"},
+            call_batch_size=4,
+        )
+    )
+    float32_rows = [peaked(128, 0.5) for _ in range(4)]
+    cases.append(
+        _case(
+            "v128-float32",
+            "peaked, q a perturbed temperature, float32 inputs",
+            [[probs for _, probs in float32_rows]],
+            [
+                [
+                    softmax((logits + 0.3 * rng.standard_normal(128)) / 0.6)
+                    for logits, _ in float32_rows[:3]
+                ]
+            ],
+            {"peaked", "near", "float32"},
+            dtype="float32",
+        )
+    )
+    p_bf16 = [dirichlet(256, 1.0) for _ in range(3)]
+    cases.append(
+        _case(
+            "v256-bfloat16",
+            "dense, bfloat16 inputs",
+            [p_bf16],
+            [[mix(p, dirichlet(256, 1.0), 0.5) for p in p_bf16[:2]]],
+            {"dense", "bfloat16"},
+            dtype="bfloat16",
+        )
+    )
     return tuple(cases)
+
+
+VOCAB_BATTERY_SEED = BATTERY_SEED + 2
+"""Seed of :func:`chain_battery_at_vocab` (the greedy battery uses ``BATTERY_SEED + 1``)."""
+
+LOGIT_SCALE = 3.0
+"""Standard deviation of the LM-like cases' raw logits: softmax(3 z), z ~ N(0, 1), puts a few
+per cent of the mass on the top token and most of it on the top few hundred at V = 32k."""
+
+
+@functools.cache
+def chain_battery_at_vocab(vocab_size: int) -> tuple[ChainCase, ...]:
+    """LM-like chain cases at one vocabulary size V (``--vocab-size``): the target a softmax of
+    random logits (scale :data:`LOGIT_SCALE`), the draft the same logits perturbed, a little
+    (q near p) or much (q far from p), k = 1..4.
+
+    Args:
+        vocab_size: V >= 2. Memory: the case holds ``(2k+1) V`` float64 per row type and the
+            sampler at most :data:`losslessness.engine.draw.BATCH_ELEMENT_BUDGET` elements per
+            call, so V = 152k costs about 11 MB per case and a few copies per call.
+
+    Returns:
+        Four :class:`ChainCase` objects, deterministic (built from
+        :data:`VOCAB_BATTERY_SEED` and V).
+
+    Raises:
+        ValueError: naming ``vocab_size`` when it is below 2.
+    """
+    if vocab_size < 2:
+        raise ValueError(f"vocab_size: must be >= 2, got {vocab_size}")
+    rng = np.random.default_rng([VOCAB_BATTERY_SEED, vocab_size])
+
+    def lm_case(k: int, noise: float, regime: str) -> ChainCase:
+        logits = LOGIT_SCALE * rng.standard_normal((k + 1, vocab_size))
+        drafts = logits[:k] + noise * rng.standard_normal((k, vocab_size))
+        tags = {"lm-like", "near" if noise < 1 else "far"}
+        return _case(
+            f"v{vocab_size}-lm-{regime}-k{k}",
+            f"LM-like softmax of random logits, q {regime} p",
+            [[softmax(row) for row in logits]],
+            [[softmax(row) for row in drafts]],
+            tags,
+        )
+
+    return (
+        lm_case(1, 0.3, "near"),
+        lm_case(2, 3.0, "far"),
+        lm_case(3, 0.5, "near"),
+        lm_case(4, 1.5, "far"),
+    )

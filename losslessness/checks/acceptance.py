@@ -113,10 +113,10 @@ def check_acceptance(
         bound: PrefixAcceptanceBound | None = None
         block_reach: np.ndarray | None = None
         if case.k > 1:
-            bound = prefix_acceptance_bound(case.target_probs[r], case.draft_probs[r])
+            bound = prefix_acceptance_bound(case.law_target_probs[r], case.law_draft_probs[r])
             if verification == BLOCK_VERIFICATION:
                 exact_block = block_laws(
-                    case.target_probs[r], case.draft_probs[r], with_emitted=False
+                    case.law_target_probs[r], case.law_draft_probs[r], with_emitted=False
                 )
                 block_reach = None if exact_block is None else exact_block.reach
         for i in range(case.k):

@@ -28,7 +28,7 @@ import torch
 
 from losslessness.cases import ChainCase
 from losslessness.checks.ids import PRECISION_CHECK_ID
-from losslessness.laws import chain_laws, total_variation
+from losslessness.laws import chain_laws, law_after_cast, total_variation
 from losslessness.results import CheckContext, CheckKind, CheckResult, Verdict
 
 PRECISION_DIAGNOSTIC = PRECISION_CHECK_ID
@@ -108,27 +108,6 @@ def sample_tolerance(dtype: torch.dtype, vocab_size: int, mass: float) -> float:
     u = unit_roundoff(dtype)
     bound = 4.0 * u / mass + 2.0 * summation_error_bound(dtype, vocab_size) + 2.0 * u
     return min(1.0, bound)
-
-
-def law_after_cast(probs: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """The law an implementation receiving ``probs`` in ``dtype`` is given: cast, then
-    renormalised in float64 (a row whose every mass underflowed keeps its largest entry).
-    The opposite order of :func:`strategies.renormalise_then_cast`, which makes the rows an
-    implementation is fed.
-
-    Args:
-        probs: ``[..., V]`` float rows summing to 1.
-        dtype: the precision the implementation receives.
-
-    Returns:
-        ``[..., V]`` float64 rows summing to 1; zeros of ``probs`` stay zeros.
-    """
-    cast = probs.to(dtype).to(torch.float64)
-    empty = cast.sum(dim=-1, keepdim=True) <= 0
-    if bool(empty.any()):
-        peak = torch.nn.functional.one_hot(probs.argmax(dim=-1), probs.shape[-1]).to(torch.float64)
-        cast = torch.where(empty, peak, cast)
-    return cast / cast.sum(dim=-1, keepdim=True)
 
 
 @dataclass(frozen=True)

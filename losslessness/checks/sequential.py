@@ -176,7 +176,7 @@ class ChainMonitor:
                 self.laws[(LAW_CHECK_ID, r, i, 0)] = _LawState(
                     p, partitions, zero, np.zeros(vocab, dtype=np.int64)
                 )
-            bound = prefix_acceptance_bound(case.target_probs[r], case.draft_probs[r])
+            bound = prefix_acceptance_bound(case.law_target_probs[r], case.law_draft_probs[r])
             for i in range(case.k):
                 if not acceptance_is_statistical(laws, i):
                     continue

@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 
 import click
 
+from losslessness.cases import CHAIN_INPUT_DTYPES
 from losslessness.checks import ALL_CHECK_IDS
 from losslessness.config import DEFAULT_TIMEOUT_S, RunConfig, flag_of_error
 from losslessness.stats import DEFAULT_FAMILY_WISE_ALPHA
@@ -99,6 +100,30 @@ _DESIGN_OPTIONS = (
         "cases, an in-process one has its remaining checks skipped.",
     ),
     click.option(
+        "--vocab-size",
+        "vocab_size",
+        type=int,
+        default=None,
+        help="Build the chain cases at this vocabulary size V (LM-like: peaked softmax of "
+        "random logits, q near and far from p, k = 1..4) instead of the battery's.",
+    ),
+    click.option(
+        "--batch-size",
+        "batch_size",
+        type=int,
+        default=None,
+        help="Rows per verifier call of every chain case (1 allowed) and trees per call of "
+        "every tree case.",
+    ),
+    click.option(
+        "--dtype",
+        "dtype",
+        type=click.Choice(list(CHAIN_INPUT_DTYPES)),
+        default=None,
+        help="Precision of the p and q every chain case hands the verifier (the laws are "
+        "those of the values it receives).",
+    ),
+    click.option(
         "--in-process",
         is_flag=True,
         help="Debugging: run every target in the audit's own process (by default every target "
@@ -144,6 +169,9 @@ def build_config(values: dict[str, Any], **extra: Any) -> RunConfig:
         "chunk_steps": values["chunk_steps"],
         "timeout_s": values["timeout_s"],
         "time_budget_s": values["time_budget_s"],
+        "vocab_size": values["vocab_size"],
+        "batch_size": values["batch_size"],
+        "dtype": values["dtype"],
     }
     if values["early_stop"] is not None:
         fields["early_stop"] = values["early_stop"]

@@ -10,6 +10,7 @@ raises them too.
 
 from __future__ import annotations
 
+import math
 import signal
 import threading
 import time
@@ -119,9 +120,40 @@ def call_target(function: Callable[..., _T], *args: Any, timeout_s: float | None
 
 
 def rows_per_call(case: ChainCase) -> int:
-    """How many copies of each row type one verifier call carries (see BATCH_ELEMENT_BUDGET)."""
+    """How many copies of each row type one verifier call carries: as many as
+    :data:`BATCH_ELEMENT_BUDGET` allows, or ``B // R`` (at least 1) for a case with a
+    ``call_batch_size`` B (the independence check pairs copies of one call)."""
+    if case.call_batch_size is not None:
+        return max(1, case.call_batch_size // case.n_rows)
+    return _budget_steps(case)
+
+
+def _budget_steps(case: ChainCase) -> int:
+    """Steps (copies of every row type) whose inputs fit :data:`BATCH_ELEMENT_BUDGET`."""
     per_row = case.n_rows * (2 * case.k + 1) * case.vocab_size
     return max(1, BATCH_ELEMENT_BUDGET // per_row)
+
+
+def steps_per_group(case: ChainCase) -> int:
+    """The steps of every row type one :meth:`ChainSampler.step` makes at most.
+
+    Without a ``call_batch_size`` a group is one call (:func:`rows_per_call`). With one, B,
+    a group is whole calls of B rows: a multiple of ``B / gcd(B, R)`` steps (then its ``m R``
+    rows are exactly ``m R / B`` calls), as many as :data:`BATCH_ELEMENT_BUDGET` allows, so that
+    the sequential monitor still looks at the samples every few thousand steps at B = 1.
+    """
+    budget = _budget_steps(case)
+    if case.call_batch_size is None:
+        return budget
+    unit = _group_unit(case)
+    return max(unit, budget // unit * unit)
+
+
+def _group_unit(case: ChainCase) -> int:
+    """Fewest steps whose rows fill whole calls of ``call_batch_size`` rows (1 without one)."""
+    if case.call_batch_size is None:
+        return 1
+    return case.call_batch_size // math.gcd(case.call_batch_size, case.n_rows)
 
 
 def coerce_output(value: object, batch: int, k: int) -> np.ndarray:
@@ -145,23 +177,26 @@ def coerce_output(value: object, batch: int, k: int) -> np.ndarray:
 
 def _draw_drafts(case: ChainCase, m: int, generator: torch.Generator) -> torch.Tensor:
     """``[m * R, k]`` int64 drafts d_i ~ q_i for ``m`` copies of every row type, interleaved
-    (row ``b`` has type ``b % R``): one shared cumulative table per (row type, position)."""
+    (row ``b`` has type ``b % R``): one shared cumulative table per (row type, position), from
+    the q the verifier receives (``ChainCase.law_draft_probs``)."""
     rows, k = case.n_rows, case.k
     uniforms = torch.rand((rows, k, m), generator=generator, dtype=torch.float64)
     draft_ids = torch.empty((m, rows, k), dtype=torch.int64)
+    draft_law = case.law_draft_probs
     for r in range(rows):
         for i in range(k):
-            draft_ids[:, r, i] = sample_inverse_cdf(case.draft_probs[r, i], uniforms[r, i])
+            draft_ids[:, r, i] = sample_inverse_cdf(draft_law[r, i], uniforms[r, i])
     return draft_ids.reshape(m * rows, k)
 
 
 def _inputs_intact(case: ChainCase, target: torch.Tensor, draft: torch.Tensor) -> bool:
     """Whether the reused input buffers still hold ``m`` copies of the case's rows."""
     m = target.shape[0] // case.n_rows
+    expected_target, expected_draft = case.input_target_probs, case.input_draft_probs
     return torch.equal(
-        target.view(m, *case.target_probs.shape), case.target_probs.expand(m, -1, -1, -1)
+        target.view(m, *expected_target.shape), expected_target.expand(m, -1, -1, -1)
     ) and torch.equal(
-        draft.view(m, *case.draft_probs.shape), case.draft_probs.expand(m, -1, -1, -1)
+        draft.view(m, *expected_draft.shape), expected_draft.expand(m, -1, -1, -1)
     )
 
 
@@ -172,21 +207,24 @@ fast target still reaches full-size calls after a handful."""
 
 
 def call_schedule(case: ChainCase, n_steps: int, ramp: bool) -> list[int]:
-    """Copies of each row type every verifier call of ``n_steps`` steps carries.
+    """Steps of every row type each :meth:`ChainSampler.step` carries: one verifier call each,
+    or, for a case with a ``call_batch_size``, whole calls of that many rows each
+    (:func:`steps_per_group`).
 
     Args:
-        case: the case (its :func:`rows_per_call` caps a call).
+        case: the case (its :func:`steps_per_group` caps a step).
         n_steps: steps per row type, >= 0.
-        ramp: start at :data:`FIRST_CALL_STEPS` and double (sequential runs), else every call
-            full-size.
+        ramp: start at :data:`FIRST_CALL_STEPS` (rounded up to whole calls) and double
+            (sequential runs), else every step full-size.
 
     Returns:
-        Call sizes summing to ``n_steps``; the schedule decides the samples, so a replay uses
+        Sizes summing to ``n_steps``; the schedule decides the samples, so a replay uses
         the same one.
     """
-    chunk = rows_per_call(case)
+    chunk = steps_per_group(case)
+    unit = _group_unit(case)
     sizes: list[int] = []
-    size = min(FIRST_CALL_STEPS, chunk) if ramp else chunk
+    size = min(-(-FIRST_CALL_STEPS // unit) * unit, chunk) if ramp else chunk
     done = 0
     while done < n_steps:
         m = min(size, n_steps - done)
@@ -196,14 +234,48 @@ def call_schedule(case: ChainCase, n_steps: int, ramp: bool) -> list[int]:
     return sizes
 
 
-def paired_steps_of_calls(sizes: Sequence[int]) -> np.ndarray:
-    """The step pairs ``(2m, 2m+1)`` that one verifier call carried together, for calls of
+def pairs_within_group(start: int, m: int, rows: int, call_rows: int | None) -> np.ndarray:
+    """The independence pairs of one group of steps ``start .. start + m - 1``: global steps
+    ``(2j, 2j+1)`` both inside it whose rows of every type were in one verifier call.
+
+    Args:
+        start: the group's first step. m: its steps.
+        rows: R, the case's row types (the group's rows are ``m R``, type ``b % R``).
+        call_rows: rows per call (the group cut into calls from its first row), or None (the
+            group is one call).
+
+    Returns:
+        ``[P, 2]`` int64 step indices within the group.
+    """
+    first = start + (start % 2)
+    local = np.arange(first, start + m - 1, 2, dtype=np.int64) - start
+    if call_rows is not None:
+        local = local[(local * rows) // call_rows == ((local + 2) * rows - 1) // call_rows]
+    return np.stack([local, local + 1], axis=1)
+
+
+def paired_steps_of_calls(
+    sizes: Sequence[int], rows: int = 1, call_rows: int | None = None
+) -> np.ndarray:
+    """The step pairs ``(2m, 2m+1)`` that one verifier call carried together, for groups of
     ``sizes`` steps laid out one after the other (a pair straddling two calls is dropped).
+
+    Args:
+        sizes: steps of each group (:func:`call_schedule`).
+        rows: R, the case's row types.
+        call_rows: rows per verifier call within a group (None: a group is one call).
 
     Returns:
         ``[P, 2]`` int64 step indices.
     """
     ends = np.cumsum(np.asarray(sizes, dtype=np.int64))
+    if call_rows is not None:
+        starts_of = np.concatenate([[0], ends[:-1]]) if ends.size else ends
+        found = [
+            pairs_within_group(int(begin), int(size), rows, call_rows) + int(begin)
+            for begin, size in zip(starts_of, sizes, strict=True)
+        ]
+        return np.concatenate(found).astype(np.int64) if found else np.zeros((0, 2), np.int64)
     n_steps = int(ends[-1]) if ends.size else 0
     starts = np.arange(0, max(n_steps - 1, 0), 2)
     call = np.searchsorted(ends, starts, side="right")
@@ -258,21 +330,29 @@ class ChainSampler:
         rows, k = case.n_rows, case.k
         self.outputs = np.empty((rows, n_steps, k + 1), dtype=np.int64)
         self.drafts = np.empty((rows, n_steps, k), dtype=np.int64)
-        largest = max(self.schedule)
-        self.target_buffer = case.target_probs.repeat(largest, 1, 1)
-        self.draft_buffer = case.draft_probs.repeat(largest, 1, 1)
+        # With a call batch size B, a call starting at row type r reads rows r .. r + B - 1 of
+        # the buffer, so it holds ceil((B + R - 1) / R) copies; else the largest call's.
+        copies = (
+            max(self.schedule)
+            if case.call_batch_size is None
+            else -(-(case.call_batch_size + rows - 1) // rows)
+        )
+        self.target_buffer = case.input_target_probs.repeat(copies, 1, 1)
+        self.draft_buffer = case.input_draft_probs.repeat(copies, 1, 1)
         self.done = 0
+        self.groups = 0
         self.calls = 0
         self.verifier_time_s = 0.0
         self.wall_time_s = 0.0
 
     @property
     def finished(self) -> bool:
-        """Every scheduled call was made."""
-        return self.calls == len(self.schedule)
+        """Every scheduled group of calls was made."""
+        return self.groups == len(self.schedule)
 
     def step(self) -> tuple[int, int]:
-        """Make the next call.
+        """Make the next call (the next group of calls of ``call_batch_size`` rows for a case
+        that has one).
 
         Returns:
             ``(start, m)``: the call's steps are ``start .. start + m - 1`` of every row type
@@ -285,27 +365,35 @@ class ChainSampler:
         """
         began_wall = time.perf_counter()
         case, rows, k = self.case, self.case.n_rows, self.case.k
-        m = self.schedule[self.calls]
+        m = self.schedule[self.groups]
         batch = m * rows
         draft_ids = _draw_drafts(case, m, self.draft_generator)
-        if self.fresh_inputs:
-            target, draft = case.target_probs.repeat(m, 1, 1), case.draft_probs.repeat(m, 1, 1)
-        else:
-            target, draft = self.target_buffer[:batch], self.draft_buffer[:batch]
-        began = time.perf_counter()
-        result = call_target(
-            self.verifier, target, draft, draft_ids, self.verifier_generator,
-            timeout_s=self.timeout_s,
-        )
-        self.verifier_time_s += time.perf_counter() - began
-        array = coerce_output(result, batch, k).reshape(m, rows, k + 1)
+        call_rows = batch if case.call_batch_size is None else case.call_batch_size
+        outputs = []
+        for first in range(0, batch, call_rows):
+            size = min(call_rows, batch - first)
+            # The group starts at row type 0, so the call's first row has type first % R.
+            offset = first % rows
+            target = self.target_buffer[offset : offset + size]
+            draft = self.draft_buffer[offset : offset + size]
+            if self.fresh_inputs:
+                target, draft = target.clone(), draft.clone()
+            began = time.perf_counter()
+            result = call_target(
+                self.verifier, target, draft, draft_ids[first : first + size],
+                self.verifier_generator, timeout_s=self.timeout_s,
+            )
+            self.verifier_time_s += time.perf_counter() - began
+            outputs.append(coerce_output(result, size, k))
+            self.calls += 1
+        array = np.concatenate(outputs).reshape(m, rows, k + 1)
         start = self.done
         self.outputs[:, start : start + m] = array.transpose(1, 0, 2)
         self.drafts[:, start : start + m] = draft_ids.reshape(m, rows, k).numpy().transpose(
             1, 0, 2
         )
         self.done += m
-        self.calls += 1
+        self.groups += 1
         self.wall_time_s += time.perf_counter() - began_wall
         return start, m
 
@@ -317,11 +405,10 @@ class ChainSampler:
         )
 
     def call_pairs(self, start: int, m: int) -> np.ndarray:
-        """The independence pairs of the call of steps ``start .. start + m - 1``, as indices
-        within the call (global pairs ``(2j, 2j+1)`` both inside it)."""
-        first = start + (start % 2)
-        starts = np.arange(first, start + m - 1, 2, dtype=np.int64) - start
-        return np.stack([starts, starts + 1], axis=1)
+        """The independence pairs of the call (group of calls) of steps
+        ``start .. start + m - 1``, as indices within it (global pairs ``(2j, 2j+1)`` both
+        inside one call: :func:`pairs_within_group`)."""
+        return pairs_within_group(start, m, self.case.n_rows, self.case.call_batch_size)
 
     def samples(self) -> ChainSamples:
         """The steps drawn so far (all of them once :attr:`finished`)."""
@@ -330,7 +417,9 @@ class ChainSampler:
             case=self.case,
             outputs=self.outputs[:, :done],
             drafts=self.drafts[:, :done],
-            pairs=paired_steps_of_calls(self.schedule[: self.calls]),
+            pairs=paired_steps_of_calls(
+                self.schedule[: self.groups], self.case.n_rows, self.case.call_batch_size
+            ),
             seed=self.seed,
             wall_time_s=self.wall_time_s,
             verifier_time_s=self.verifier_time_s,

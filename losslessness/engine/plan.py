@@ -52,6 +52,7 @@ from losslessness.adapters import Adapter, EndToEndTarget
 from losslessness.batteries import (
     SERVING_CI_MAX_STEPS,
     TREE_CI_MAX_STEPS,
+    chain_battery_at_vocab,
     default_chain_battery,
     default_greedy_battery,
     default_greedy_tree_battery,
@@ -515,6 +516,30 @@ def end_to_end_check_ids(target: EndToEndTarget) -> tuple[str, str]:
     return law, DRAFTS_ACCEPTED_CHECK_ID
 
 
+def with_call_conditions(cases: Sequence[ChainCase], config: RunConfig) -> list[ChainCase]:
+    """``cases`` under the run's call conditions (``--batch-size``, ``--dtype``): each case's
+    own where the run sets none. The summary says the conditions; the hash covers them.
+
+    Raises:
+        InvalidInputError: a case whose rows do not survive the cast (naming ``target_probs``
+            or ``draft_probs``).
+    """
+    if config.batch_size is None and config.dtype is None:
+        return list(cases)
+    conditioned = []
+    for case in cases:
+        batch = case.call_batch_size if config.batch_size is None else config.batch_size
+        dtype = case.dtype if config.dtype is None else config.dtype
+        extra = f" [B={batch}]" if batch is not None else ""
+        extra += f" [{dtype}]" if dtype != "float64" else ""
+        conditioned.append(
+            dataclasses.replace(
+                case, summary=case.summary + extra, call_batch_size=batch, dtype=dtype
+            )
+        )
+    return conditioned
+
+
 def select_cases(
     config: RunConfig, adapters: Sequence[Adapter] = ()
 ) -> tuple[list[ChainCase], list[GreedyCase], dict[str, list[EndToEndTarget]]]:
@@ -524,7 +549,12 @@ def select_cases(
     Raises:
         ValueError: naming ``cases``: ids that are neither battery cases nor end-to-end targets.
     """
-    chain = default_chain_battery()
+    chain = with_call_conditions(
+        default_chain_battery()
+        if config.vocab_size is None
+        else list(chain_battery_at_vocab(config.vocab_size)),
+        config,
+    )
     greedy = default_greedy_battery()
     if config.cases:
         known = {case.case_id for case in chain} | {case.case_id for case in greedy}
@@ -556,8 +586,17 @@ def select_cases(
 
 def select_tree_cases(config: RunConfig) -> tuple[list[TreeCase], list[GreedyTreeCase]]:
     """The tree battery's tree and greedy tree cases the run covers (``config.cases`` and
-    ``config.only``); unknown ids are :func:`select_cases`'s to reject."""
+    ``config.only``; ``config.batch_size`` trees per call); unknown ids are
+    :func:`select_cases`'s to reject."""
     tree = default_tree_battery()
+    if config.batch_size is not None:
+        tree = [
+            dataclasses.replace(
+                case, summary=f"{case.summary} [B={config.batch_size}]",
+                batch_size=config.batch_size,
+            )
+            for case in tree
+        ]
     greedy_tree = default_greedy_tree_battery()
     if config.cases:
         tree = [case for case in tree if case.case_id in config.cases]

@@ -42,7 +42,7 @@ from losslessness.results import (
     shorten_message,
 )
 
-SHARD_FORMAT_VERSION = "4"
+SHARD_FORMAT_VERSION = "5"
 """Version of the shard file layout; :func:`load_shard` rejects other versions."""
 
 _SHARD_PATTERN = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
@@ -321,7 +321,13 @@ def save_shard(shard: ShardResult, path: str | Path) -> Path:
         "shard": [shard.shard.index, shard.shard.count],
         "tables": [list(key) for key in keys],
         "cases": [
-            [case_id, shard.cases[case_id].summary, sorted(shard.cases[case_id].tags)]
+            [
+                case_id,
+                shard.cases[case_id].summary,
+                sorted(shard.cases[case_id].tags),
+                shard.cases[case_id].call_batch_size,
+                shard.cases[case_id].dtype,
+            ]
             for case_id in case_ids
         ],
         "units": [_unit_to_dict(unit) for _, unit in sorted(shard.units.items())],
@@ -374,16 +380,21 @@ def load_shard(path: str | Path) -> ShardResult:
         raise ShardMergeError(f"{path}: {error}") from error
     if plan.fingerprint != meta["fingerprint"]:
         raise ShardMergeError(f"{path}: the plan does not match its fingerprint (altered file?)")
-    cases = {
-        case_id: ChainCase(
-            case_id,
-            summary,
-            torch.from_numpy(arrays[f"case_target_{j}"]),
-            torch.from_numpy(arrays[f"case_draft_{j}"]),
-            frozenset(tags),
-        )
-        for j, (case_id, summary, tags) in enumerate(meta["cases"])
-    }
+    try:
+        cases = {
+            case_id: ChainCase(
+                case_id,
+                summary,
+                torch.from_numpy(arrays[f"case_target_{j}"]),
+                torch.from_numpy(arrays[f"case_draft_{j}"]),
+                frozenset(tags),
+                call_batch_size,
+                dtype,
+            )
+            for j, (case_id, summary, tags, call_batch_size, dtype) in enumerate(meta["cases"])
+        }
+    except (KeyError, TypeError, ValueError) as error:
+        raise ShardMergeError(f"{path}: malformed chain case ({error})") from error
     recorded = {case_id: case.case_hash for case_id, case in cases.items()}
     planned = {case_id: grid.case_hash for case_id, grid in plan.chain_cases.items()}
     if recorded != planned:

@@ -507,6 +507,138 @@ def shared_random_stream(
     )
 
 
+SMALL_BATCH = 16
+"""Batches below this many rows take :func:`small_batch_correction_from_target`'s path."""
+
+
+def _correction_from_target(p: torch.Tensor, q: torch.Tensor, _: torch.Tensor) -> torch.Tensor:
+    return p
+
+
+def small_batch_correction_from_target(
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    generator: torch.Generator,
+) -> torch.Tensor:
+    """LOSSY only when the batch has fewer than :data:`SMALL_BATCH` rows: that path samples
+    the correction after a rejection from p_i instead of norm(max(0, p_i - q_i)); batches of
+    16 rows and more run the reference.
+
+    Source: batch-size-dispatched paths of serving engines, e.g. CUDA graphs captured for a
+    few padded batch sizes, whose padded-batch path diverged from the real batch in
+    vllm-ascend PR 13470 (https://github.com/vllm-project/vllm-ascend/pull/13470). The
+    protocol-level mutant puts a small-batch branch with its own correction law in the
+    verifier; every call of the audit before issue 21 had B >= 32, so it passed.
+    """
+    p, q, ids = _prepare(target_probs, draft_probs, draft_token_ids, generator)
+    batch, k = ids.shape
+    accepted = _standard_accept(p, q, ids, draw_uniforms(generator, batch, k))
+    residual = _correction_from_target if batch < SMALL_BATCH else _standard_residual
+    return _finish(p, q, ids, accepted, draw_uniforms(generator, batch), residual)
+
+
+def _unnormalised_residual_cdf(p: torch.Tensor, q: torch.Tensor, _: torch.Tensor) -> torch.Tensor:
+    """The law of comparing the uniform with the *unnormalised* cumulative sum of
+    max(0, p - q): the mass ``1 - sum max(0, p - q)`` it misses falls on the last token (the
+    search clamps to the last index)."""
+    residual = (p - q).clamp(min=0.0)
+    residual[..., -1] += 1.0 - residual.sum(dim=-1)
+    return residual
+
+
+def float32_residual_unnormalised(
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    generator: torch.Generator,
+) -> torch.Tensor:
+    """LOSSY only for float32 inputs: the float32 instantiation of the correction sampler
+    compares the uniform with the unnormalised cumulative residual, so the missing mass goes
+    to the last token; float64 (and bfloat16) inputs take the reference path.
+
+    Source: dtype-dispatched sampler kernels with a bug in one instantiation only, e.g.
+    FlashInfer PR 221, "fix sampler's implementation bug when dtype is not float32"
+    (https://github.com/flashinfer-ai/flashinfer/pull/221). Every call of the audit before
+    issue 21 passed float64 inputs, so it passed.
+    """
+    p, q, ids = _prepare(target_probs, draft_probs, draft_token_ids, generator)
+    batch, k = ids.shape
+    accepted = _standard_accept(p, q, ids, draw_uniforms(generator, batch, k))
+    float32 = target_probs.dtype == torch.float32
+    residual = _unnormalised_residual_cdf if float32 else _standard_residual
+    return _finish(p, q, ids, accepted, draw_uniforms(generator, batch), residual)
+
+
+def _row_keys(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """``[B]`` float64 content keys of the rows (a fixed random projection of p and q), equal
+    for equal rows: how a verifier that shares work between duplicate rows groups them."""
+    flat = torch.cat([p.reshape(p.shape[0], -1), q.reshape(q.shape[0], -1)], dim=1)
+    weights = torch.rand(flat.shape[1], generator=torch.Generator().manual_seed(0),
+                         dtype=torch.float64)
+    return flat @ weights
+
+
+def _distinct_rows_verify(
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    generator: torch.Generator,
+    restore_order: bool,
+) -> torch.Tensor:
+    """The reference on rows regrouped by content (sorted by :func:`_row_keys`); the batch's
+    own order is restored unless ``restore_order`` is False and every row is distinct."""
+    p, q, ids = _prepare(target_probs, draft_probs, draft_token_ids, generator)
+    batch, k = ids.shape
+    order = torch.argsort(_row_keys(p, q), stable=True)
+    distinct = int(torch.unique(_row_keys(p, q)).numel()) == batch
+    if distinct and not restore_order:
+        # The no-duplicates shortcut reads p and q in the grouped order, the drafts in the
+        # batch's: row b is verified against another row's laws.
+        p, q = p[order], q[order]
+    accepted = _standard_accept(p, q, ids, draw_uniforms(generator, batch, k))
+    return _finish(p, q, ids, accepted, draw_uniforms(generator, batch))
+
+
+def distinct_rows_index_mixup(
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    generator: torch.Generator,
+) -> torch.Tensor:
+    """LOSSY only when the rows of a call are all distinct: the verifier groups duplicate rows
+    to share their work, and when there is no duplicate its shortcut reads p and q in the
+    grouped (sorted) order while the drafts stay in the batch's order, a batch-index mix-up.
+    With duplicates, or rows that are all alike, the right row is read.
+
+    Source: rows indexed through the map of another order, TensorRT-LLM PR 12588 (review:
+    ``logits`` dense in gathered order while ``last_tokens_idx`` points into the pre-gather
+    order, "it can index the wrong rows";
+    https://github.com/NVIDIA/TensorRT-LLM/pull/12588). Every call of the audit before issue
+    21 held copies of at most three row types, so it passed.
+    """
+    return _distinct_rows_verify(
+        target_probs, draft_probs, draft_token_ids, generator, restore_order=False
+    )
+
+
+def distinct_rows_grouped_exact(
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    generator: torch.Generator,
+) -> torch.Tensor:
+    """Lossless control of :func:`distinct_rows_index_mixup`: the same grouping of rows by
+    content, the batch's order kept on every path (the exact variant of the shortcut).
+
+    Source: the mechanism of TensorRT-LLM PR 12588's fix, every row read in one order
+    (https://github.com/NVIDIA/TensorRT-LLM/pull/12588).
+    """
+    return _distinct_rows_verify(
+        target_probs, draft_probs, draft_token_ids, generator, restore_order=True
+    )
+
+
 DRAFT_TEMPERATURE = 0.6
 """Draft sampling temperature in :func:`draft_sampled_in_bfloat16`."""
 
@@ -909,6 +1041,25 @@ def _block_residual_case(case_id: str) -> ChainCase:
     )
 
 
+def _conditioned_case(
+    case_id: str, vocab: int, k: int, seed: int, rows: int, call_batch_size: int | None,
+    dtype: str,
+) -> ChainCase:
+    """``rows`` distinct dense row types (q mixed 0.5 away from p) called under call
+    conditions: ``call_batch_size`` rows per call, inputs in ``dtype``."""
+    rng = np.random.default_rng([CASE_SEED, seed])
+    target = dirichlet_rows(rng, rows * (k + 1), vocab, 1.0).reshape(rows, k + 1, vocab)
+    draft = 0.5 * target[:, :k] + 0.5 * dirichlet_rows(rng, rows * k, vocab, 1.0).reshape(
+        rows, k, vocab
+    )
+    target_probs = torch.stack([probs_tensor(row) for row in target])
+    draft_probs = torch.stack([probs_tensor(row) for row in draft])
+    batch = "" if call_batch_size is None else f" B={call_batch_size}"
+    summary = f"V={vocab} k={k} dense, {rows} distinct row types,{batch} {dtype}"
+    return ChainCase(case_id, summary, target_probs, draft_probs, frozenset({"dense"}),
+                     call_batch_size, dtype)
+
+
 def _greedy_case(case_id: str, vocab: int, k: int, seed: int, ties: bool) -> GreedyCase:
     """Random (or integer, so tied) logits; drafts equal the lowest-index argmax w.p. 0.8."""
     rng = np.random.default_rng([CASE_SEED, seed])
@@ -1098,6 +1249,34 @@ CHAIN_ZOO: tuple[Mutant, ...] = (
         case=functools.partial(_greedy_case, "mutant-greedy-v50-b", 50, 2, 17, ties=False),
     ),
     _entry(
+        "small-batch-correction-from-target",
+        small_batch_correction_from_target,
+        lossy=True,
+        mechanism="batches of B < 16 rows sample the correction from p, not the residual",
+        source="https://github.com/vllm-project/vllm-ascend/pull/13470",
+        case=functools.partial(_conditioned_case, "mutant-b1-v16", 16, 2, 26, 1, 1, "float64"),
+    ),
+    _entry(
+        "float32-residual-unnormalised",
+        float32_residual_unnormalised,
+        lossy=True,
+        mechanism="float32 inputs: uniform vs unnormalised residual CDF, last token gets the rest",
+        source="https://github.com/flashinfer-ai/flashinfer/pull/221",
+        case=functools.partial(
+            _conditioned_case, "mutant-float32-v16", 16, 2, 27, 1, None, "float32"
+        ),
+    ),
+    _entry(
+        "distinct-rows-index-mixup",
+        distinct_rows_index_mixup,
+        lossy=True,
+        mechanism="all-distinct batches read p and q in sorted order, drafts in batch order",
+        source="https://github.com/NVIDIA/TensorRT-LLM/pull/12588",
+        case=functools.partial(
+            _conditioned_case, "mutant-distinct-v16", 16, 2, 28, 4, 4, "float64"
+        ),
+    ),
+    _entry(
         "sample-and-match",
         sample_and_match,
         lossy=False,
@@ -1128,6 +1307,16 @@ CHAIN_ZOO: tuple[Mutant, ...] = (
         mechanism="torch.multinomial normalises max(0, p - q) itself: same law",
         source="https://github.com/vllm-project/vllm/pull/2336",
         case=functools.partial(_dense_case, "control-dense-v16-b", 16, 2, 21),
+    ),
+    _entry(
+        "distinct-rows-grouped-exact",
+        distinct_rows_grouped_exact,
+        lossy=False,
+        mechanism="rows grouped by content, the batch's order kept: the exact variant",
+        source="https://github.com/NVIDIA/TensorRT-LLM/pull/12588",
+        case=functools.partial(
+            _conditioned_case, "control-distinct-v16", 16, 2, 29, 4, 4, "float64"
+        ),
     ),
     _entry(
         "block-verification",
