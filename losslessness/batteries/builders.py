@@ -102,7 +102,8 @@ def markov_tables(
 
 
 def softmax_markov_tables(
-    rng: np.random.Generator, vocab: int, depth: int, scale: float, draft_noise: float
+    rng: np.random.Generator, vocab: int, depth: int, scale: float, draft_noise: float,
+    rows: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """A root p and q and Markov tables shaped like a language model's next-token laws: every
     p row the softmax of i.i.d. normal logits times ``scale`` (a peaked head and a long tail:
@@ -115,12 +116,14 @@ def softmax_markov_tables(
         vocab: V. depth: the tree's depth D.
         scale: sd of the target's logits (larger: more peaked).
         draft_noise: sd of the noise added to the target's logits for q (0: q equals p).
+        rows: S, the table rows per depth (None: V, one per token); a case maps tokens to
+            rows with :attr:`losslessness.cases.TreeCase.token_rows`.
 
     Returns:
-        ``(root_p [V], root_q [V], target [D, V, V], draft [D, V, V])`` float64 tensors, every
+        ``(root_p [V], root_q [V], target [D, S, V], draft [D, S, V])`` float64 tensors, every
         cell positive.
     """
-    logits = rng.normal(size=(depth + 1, vocab, vocab)) * scale
+    logits = rng.normal(size=(depth + 1, vocab if rows is None else rows, vocab)) * scale
     noisy = logits + rng.normal(size=logits.shape) * draft_noise
     p = np.exp(logits - logits.max(axis=-1, keepdims=True))
     q = np.exp(noisy - noisy.max(axis=-1, keepdims=True))

@@ -143,6 +143,70 @@ i.i.d. drafts (EAGLE-style sampled drafting, SpecInfer's multi-step rule) and EA
 top-k tree."""
 
 
+TABLE_CELLS = 1 << 18
+"""Cells of one depth of a Markov table of :func:`tree_cases_at_vocab` (2 MB of float64): the
+table rows per depth are ``max(1, min(V, TABLE_CELLS // V))`` (256 rows at V = 1024, one row,
+p depending on the depth only, at V >= 262144 / 2), token x on row ``x mod rows``."""
+
+CALL_CELLS = 1 << 22
+"""Largest ``trees x (N+1) x V`` of one verifier call of :func:`tree_cases_at_vocab` (32 MB
+per float64 tensor): its trees per call are ``min(TREE_BATCH, CALL_CELLS // ((N+1) V))``, at
+least 2 (the independence test needs two trees in a call)."""
+
+VOCAB_SHAPES: tuple[tuple[str, str, tuple[int, ...]], ...] = (
+    ("chain", "chain", CHAIN),
+    ("star4", "star of 4", (0,) * 4),
+    ("binary", "binary depth 3", BINARY_DEPTH_3),
+    ("eagle", "EAGLE-like dynamic", EAGLE_LIKE),
+    ("medusa", "Medusa-like static", MEDUSA_LIKE),
+)
+"""The shapes :func:`tree_cases_at_vocab` rebuilds under every draft scheme."""
+
+
+def tree_cases_at_vocab(vocab_size: int) -> list[TreeCase]:
+    """The battery's sampled tree shapes rebuilt at a user's vocabulary (``--vocab-size``).
+
+    Every shape of :data:`VOCAB_SHAPES` under every draft scheme, with the language-model-like
+    laws of the battery's V = 1024 cases (softmax of random logits,
+    :func:`~losslessness.batteries.builders.softmax_markov_tables`), tables of
+    ``min(V, TABLE_CELLS // V)`` rows per depth shared by tokens (``token_rows``: x mod rows),
+    so V = 152k needs about 2 MB per depth and table, and :data:`CALL_CELLS`-bounded verifier
+    calls. Deterministic (seeded from :data:`TREE_BATTERY_SEED` and V).
+
+    Args:
+        vocab_size: V >= 4 (the largest sibling group, drafted without replacement, needs 4
+            distinct tokens).
+
+    Returns:
+        15 :class:`TreeCase` objects, ids ``tree-<shape>-v<V>-<scheme>``.
+
+    Raises:
+        ValueError: ``vocab_size`` < 4 (named in the message).
+    """
+    if vocab_size < 4:
+        raise ValueError(f"vocab_size: must be >= 4 (4 siblings without replacement), got "
+                         f"{vocab_size}")
+    rng = np.random.default_rng([TREE_BATTERY_SEED, vocab_size])
+    rows = max(1, min(vocab_size, TABLE_CELLS // vocab_size))
+    token_rows = torch.arange(vocab_size, dtype=torch.int64) % rows
+    short = {"iid": "iid", "without-replacement": "wor", "top-k": "topk"}
+    cases = []
+    for scheme in DRAFT_SCHEMES:
+        for name, shape, parents in VOCAB_SHAPES:
+            root_p, root_q, target, draft = softmax_markov_tables(
+                rng, vocab_size, tree_depth(parents), LM_LOGIT_SCALE, LM_DRAFT_NOISE, rows
+            )
+            batch = max(2, min(TREE_BATCH, CALL_CELLS // ((len(parents) + 1) * vocab_size)))
+            cases.append(TreeCase(
+                f"tree-{name}-v{vocab_size}-{short[scheme]}",
+                f"{shape} N={len(parents)} V={vocab_size} {scheme}, softmax of random logits "
+                f"({rows} table rows per depth), {batch} trees per call",
+                parents, root_p, root_q, target, draft, scheme, batch,
+                frozenset({shape.split()[0], scheme, "vocab"}), token_rows,
+            ))
+    return cases
+
+
 def _vocab_cases(vocab: int) -> list[TreeCase]:
     """The language-model-like sampled tree cases at V = ``vocab`` (ids ``tree-<shape>-v<V>-
     <scheme>``), built from their own generator so the small cases do not depend on them."""
