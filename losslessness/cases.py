@@ -179,6 +179,10 @@ class TreeCase:
         token_rows: ``[V]`` int64 in ``[0, S)`` or None: the table row of each token, so that
             tokens share rows and a case at a real vocabulary (V = 152k) holds ``S`` rows per
             depth instead of V (a ``[D, V, V]`` table would need V^2 cells).
+        input_dtype: the dtype of the p and q the verifier receives (:meth:`inputs`):
+            ``torch.float64`` or ``torch.float32``. The tables hold exactly the values the
+            verifier receives (in float64; :func:`losslessness.batteries.tree.tree_case_in_dtype`
+            rounds them), so the exact laws are computed from them.
 
     Raises:
         InvalidInputError: naming the field: a malformed tree, tables of the wrong shape or not
@@ -197,8 +201,20 @@ class TreeCase:
     batch_size: int = 64
     tags: frozenset[str] = field(default_factory=frozenset)
     token_rows: torch.Tensor | None = None
+    input_dtype: torch.dtype = torch.float64
 
     def __post_init__(self) -> None:
+        if self.input_dtype not in (torch.float64, torch.float32):
+            raise InvalidInputError(
+                "input_dtype", f"must be torch.float64 or torch.float32, got {self.input_dtype}"
+            )
+        for name in ("root_target", "root_draft", "target_table", "draft_table"):
+            table = getattr(self, name)
+            if not torch.equal(table.to(self.input_dtype).to(table.dtype), table):
+                raise InvalidInputError(
+                    name, f"holds values that {self.input_dtype} cannot represent: round the "
+                    "tables to the input dtype first"
+                )
         if self.draft_scheme not in DRAFT_SCHEMES:
             raise InvalidInputError(
                 "draft_scheme", f"{self.draft_scheme!r} is not one of {', '.join(DRAFT_SCHEMES)}"
@@ -273,8 +289,9 @@ class TreeCase:
     def case_hash(self) -> str:
         """First 12 hex digits of a SHA-256 over the id, scheme, tree and exact tables."""
         rows = () if self.token_rows is None else (self.token_rows,)
+        dtype = "" if self.input_dtype == torch.float64 else f"/{self.input_dtype}"
         return _tensor_hash(
-            f"{self.case_id}/{self.draft_scheme}/{self.batch_size}", self.parents_tensor,
+            f"{self.case_id}/{self.draft_scheme}/{self.batch_size}{dtype}", self.parents_tensor,
             self.root_target, self.root_draft, self.target_table, self.draft_table, *rows,
         )
 
@@ -322,8 +339,8 @@ class TreeCase:
             token_ids: ``[B, N]`` int64, e.g. from :meth:`draw_trees`.
 
         Returns:
-            ``([B, N+1, V], [B, N+1, V])`` float64: row 0 the root's p and q, row n the
-            tables' rows at node n's depth and token.
+            ``([B, N+1, V], [B, N+1, V])`` of :attr:`input_dtype`: row 0 the root's p and q,
+            row n the tables' rows at node n's depth and token.
         """
         batch = token_ids.shape[0]
         depth_index = (self.depths[1:] - 1).expand(batch, -1)
@@ -336,7 +353,7 @@ class TreeCase:
             [self.root_draft.to(torch.float64).expand(batch, 1, -1),
              self.draft_table.to(torch.float64)[depth_index, rows]], dim=1
         )
-        return target, draft
+        return target.to(self.input_dtype), draft.to(self.input_dtype)
 
 
 @dataclass(frozen=True, eq=False)

@@ -25,6 +25,7 @@ is the same everywhere.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import numpy as np
@@ -205,6 +206,40 @@ def tree_cases_at_vocab(vocab_size: int) -> list[TreeCase]:
                 frozenset({shape.split()[0], scheme, "vocab"}), token_rows,
             ))
     return cases
+
+
+def tree_case_in_dtype(case: TreeCase, dtype: torch.dtype) -> TreeCase:
+    """``case`` with its p and q given to the verifier in ``dtype`` (``--dtype``).
+
+    The tables are rounded to ``dtype`` and kept in float64, so the verifier receives exactly
+    the case's values and the exact laws (class p, reach probabilities) are computed from them
+    in float64: a correct verifier stays LOSSLESS, whatever the rounding did to the rows (a
+    float32 row of a normalised float64 row sums to 1 within about V * 6e-8).
+
+    Args:
+        case: a tree case (float64 inputs).
+        dtype: ``torch.float32`` or ``torch.float64`` (the case itself).
+
+    Returns:
+        A :class:`TreeCase` with id ``<id>-float32`` and :attr:`TreeCase.input_dtype` ``dtype``.
+
+    Raises:
+        InvalidInputError: ``dtype`` other than float32 and float64 (``input_dtype``); bfloat16
+            rows miss the protocol's row-sum tolerance (1e-5) by orders of magnitude.
+    """
+    if dtype == torch.float64:
+        return case
+    def rounded(table: torch.Tensor) -> torch.Tensor:
+        return table.to(dtype).to(torch.float64)
+    return dataclasses.replace(
+        case,
+        case_id=f"{case.case_id}-{str(dtype).removeprefix('torch.')}",
+        root_target=rounded(case.root_target),
+        root_draft=rounded(case.root_draft),
+        target_table=rounded(case.target_table),
+        draft_table=rounded(case.draft_table),
+        input_dtype=dtype,
+    )
 
 
 def _vocab_cases(vocab: int) -> list[TreeCase]:

@@ -8,7 +8,12 @@ import pytest
 import torch
 
 from losslessness.batteries import default_greedy_tree_battery, default_tree_battery
-from losslessness.batteries.tree import CALL_CELLS, TABLE_CELLS, tree_cases_at_vocab
+from losslessness.batteries.tree import (
+    CALL_CELLS,
+    TABLE_CELLS,
+    tree_case_in_dtype,
+    tree_cases_at_vocab,
+)
 from losslessness.cases import TreeCase
 from losslessness.checks import (
     check_tree_acceptance,
@@ -379,3 +384,23 @@ def test_token_rows_share_table_rows_and_must_index_them() -> None:
         TreeCase("bad", "bad", case.parents, case.root_target, case.root_draft,
                  case.target_table, case.draft_table, case.draft_scheme,
                  token_rows=torch.full((64,), 10_000, dtype=torch.int64))
+
+
+def test_tree_case_in_float32_gives_float32_inputs_and_the_reference_passes_its_laws() -> None:
+    """tree_case_in_dtype(case, float32): the verifier receives float32 p and q equal to the
+    case's tables (the exact laws are those values), the reference PASSes tree.law on the V =
+    1024 star; float64 returns the case itself; bfloat16 raises InvalidInputError naming
+    input_dtype (its rows miss the protocol's row-sum tolerance)."""
+    case = _case("tree-star4-v1024-iid")
+    assert tree_case_in_dtype(case, torch.float64) is case
+    single = tree_case_in_dtype(case, torch.float32)
+    ids = single.draw_trees(4, torch.Generator().manual_seed(0))
+    target, draft = single.inputs(ids)
+    assert target.dtype == draft.dtype == torch.float32
+    assert torch.equal(target[:, 0].double(), single.root_target.expand(4, -1))
+    assert single.case_hash != case.case_hash
+    results = check_tree_law(sample_tree(verify_tree, single, 2048, 5),
+                             _context(single.case_id))
+    assert _verdicts(results) == {Verdict.PASS}
+    with pytest.raises(InvalidInputError, match="input_dtype"):
+        tree_case_in_dtype(case, torch.bfloat16)
