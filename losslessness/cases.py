@@ -257,12 +257,20 @@ class TreeCase:
         parents: length-N tuple, ``parents[j]`` the parent of node ``j+1`` (``< j+1``).
         root_target: ``[V]`` float64, p at the root context.
         root_draft: ``[V]`` float64, q at the root (the root's children are drawn from it).
-        target_table: ``[D, V, V]`` float64; p at a node of depth ``d >= 1`` with token x is
-            ``target_table[d-1, x]``.
-        draft_table: ``[D, V, V]`` float64; q at such a node, ``draft_table[d-1, x]``.
+        target_table: ``[D, S, V]`` float64 (S = V unless ``token_rows`` is given); p at a node
+            of depth ``d >= 1`` with token x is ``target_table[d-1, row(x)]``, ``row(x) = x``
+            or ``token_rows[x]``.
+        draft_table: ``[D, S, V]`` float64; q at such a node, ``draft_table[d-1, row(x)]``.
         draft_scheme: one of :data:`losslessness.protocol.DRAFT_SCHEMES`.
         batch_size: trees per verifier call (each an independent step).
         tags: regimes and edge-case labels (``star``, ``duplicates``, ``zeros``, ...).
+        token_rows: ``[V]`` int64 in ``[0, S)`` or None: the table row of each token, so that
+            tokens share rows and a case at a real vocabulary (V = 152k) holds ``S`` rows per
+            depth instead of V (a ``[D, V, V]`` table would need V^2 cells).
+        input_dtype: the dtype of the p and q the verifier receives (:meth:`inputs`):
+            ``torch.float64`` or ``torch.float32``. The tables hold exactly the values the
+            verifier receives (in float64; :func:`losslessness.batteries.tree.tree_case_in_dtype`
+            rounds them), so the exact laws are computed from them.
 
     Raises:
         InvalidInputError: naming the field: a malformed tree, tables of the wrong shape or not
@@ -280,8 +288,21 @@ class TreeCase:
     draft_scheme: str
     batch_size: int = 64
     tags: frozenset[str] = field(default_factory=frozenset)
+    token_rows: torch.Tensor | None = None
+    input_dtype: torch.dtype = torch.float64
 
     def __post_init__(self) -> None:
+        if self.input_dtype not in (torch.float64, torch.float32):
+            raise InvalidInputError(
+                "input_dtype", f"must be torch.float64 or torch.float32, got {self.input_dtype}"
+            )
+        for name in ("root_target", "root_draft", "target_table", "draft_table"):
+            table = getattr(self, name)
+            if not torch.equal(table.to(self.input_dtype).to(table.dtype), table):
+                raise InvalidInputError(
+                    name, f"holds values that {self.input_dtype} cannot represent: round the "
+                    "tables to the input dtype first"
+                )
         if self.draft_scheme not in DRAFT_SCHEMES:
             raise InvalidInputError(
                 "draft_scheme", f"{self.draft_scheme!r} is not one of {', '.join(DRAFT_SCHEMES)}"
@@ -289,11 +310,20 @@ class TreeCase:
         if self.batch_size < 1:
             raise InvalidInputError("batch_size", f"must be >= 1, got {self.batch_size}")
         vocab = int(self.root_target.shape[-1])
-        shape = (self.depth, vocab, vocab)
+        rows = vocab
+        if self.token_rows is not None:
+            rows = int(self.target_table.shape[1]) if self.target_table.dim() == 3 else 0
+            if (tuple(self.token_rows.shape) != (vocab,) or self.token_rows.dtype != torch.int64
+                    or bool((self.token_rows < 0).any()) or bool((self.token_rows >= rows).any())):
+                raise InvalidInputError(
+                    "token_rows", f"expected [{vocab}] int64 in [0, {rows}) (one table row per "
+                    "token)"
+                )
+        shape = (self.depth, rows, vocab)
         for name in ("target_table", "draft_table"):
             if tuple(getattr(self, name).shape) != shape:
                 raise InvalidInputError(
-                    name, f"expected shape {shape} (depth, V, V), got "
+                    name, f"expected shape {shape} (depth, rows, V), got "
                     f"{tuple(getattr(self, name).shape)}"
                 )
         if tuple(self.root_draft.shape) != (vocab,):
@@ -346,10 +376,23 @@ class TreeCase:
     @cached_property
     def case_hash(self) -> str:
         """First 12 hex digits of a SHA-256 over the id, scheme, tree and exact tables."""
+        rows = () if self.token_rows is None else (self.token_rows,)
+        dtype = "" if self.input_dtype == torch.float64 else f"/{self.input_dtype}"
         return _tensor_hash(
-            f"{self.case_id}/{self.draft_scheme}/{self.batch_size}", self.parents_tensor,
-            self.root_target, self.root_draft, self.target_table, self.draft_table,
+            f"{self.case_id}/{self.draft_scheme}/{self.batch_size}{dtype}", self.parents_tensor,
+            self.root_target, self.root_draft, self.target_table, self.draft_table, *rows,
         )
+
+    def table_rows(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The table row of each token (``tokens`` itself when :attr:`token_rows` is None).
+
+        Args:
+            tokens: int64 token ids in ``[0, V)``, any shape.
+
+        Returns:
+            int64 rows of the same shape, indices into the tables' second axis.
+        """
+        return tokens if self.token_rows is None else self.token_rows[tokens]
 
     def draw_trees(self, count: int, generator: torch.Generator) -> torch.Tensor:
         """Draft ``count`` independent trees: every node's children drawn from q at the node
@@ -373,7 +416,7 @@ class TreeCase:
                 q = self.root_draft.to(torch.float64).expand(count, -1)
             else:
                 table = self.draft_table[int(depths[parent]) - 1].to(torch.float64)
-                q = table[ids[:, parent - 1]]
+                q = table[self.table_rows(ids[:, parent - 1])]
             ids[:, children] = sample_siblings(q, len(children), self.draft_scheme, generator)
         return ids
 
@@ -384,20 +427,21 @@ class TreeCase:
             token_ids: ``[B, N]`` int64, e.g. from :meth:`draw_trees`.
 
         Returns:
-            ``([B, N+1, V], [B, N+1, V])`` float64: row 0 the root's p and q, row n the
-            tables' rows at node n's depth and token.
+            ``([B, N+1, V], [B, N+1, V])`` of :attr:`input_dtype`: row 0 the root's p and q,
+            row n the tables' rows at node n's depth and token.
         """
         batch = token_ids.shape[0]
         depth_index = (self.depths[1:] - 1).expand(batch, -1)
+        rows = self.table_rows(token_ids)
         target = torch.cat(
             [self.root_target.to(torch.float64).expand(batch, 1, -1),
-             self.target_table.to(torch.float64)[depth_index, token_ids]], dim=1
+             self.target_table.to(torch.float64)[depth_index, rows]], dim=1
         )
         draft = torch.cat(
             [self.root_draft.to(torch.float64).expand(batch, 1, -1),
-             self.draft_table.to(torch.float64)[depth_index, token_ids]], dim=1
+             self.draft_table.to(torch.float64)[depth_index, rows]], dim=1
         )
-        return target, draft
+        return target.to(self.input_dtype), draft.to(self.input_dtype)
 
 
 @dataclass(frozen=True, eq=False)

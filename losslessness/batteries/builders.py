@@ -101,6 +101,38 @@ def markov_tables(
             as_tensor(p[1:]).clone(), as_tensor(q[1:]).clone())
 
 
+def softmax_markov_tables(
+    rng: np.random.Generator, vocab: int, depth: int, scale: float, draft_noise: float,
+    rows: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A root p and q and Markov tables shaped like a language model's next-token laws: every
+    p row the softmax of i.i.d. normal logits times ``scale`` (a peaked head and a long tail:
+    at V = 1024 and scale 3 the top token holds about 0.25 and the tokens outside the top 10
+    about 0.37), q the softmax of the same logits plus normal noise of sd ``draft_noise`` (a
+    draft model that agrees with the target up to noise).
+
+    Args:
+        rng: the builder's generator (advanced by the draws).
+        vocab: V. depth: the tree's depth D.
+        scale: sd of the target's logits (larger: more peaked).
+        draft_noise: sd of the noise added to the target's logits for q (0: q equals p).
+        rows: S, the table rows per depth (None: V, one per token); a case maps tokens to
+            rows with :attr:`losslessness.cases.TreeCase.token_rows`.
+
+    Returns:
+        ``(root_p [V], root_q [V], target [D, S, V], draft [D, S, V])`` float64 tensors, every
+        cell positive.
+    """
+    logits = rng.normal(size=(depth + 1, vocab if rows is None else rows, vocab)) * scale
+    noisy = logits + rng.normal(size=logits.shape) * draft_noise
+    p = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    q = np.exp(noisy - noisy.max(axis=-1, keepdims=True))
+    p, q = normalise(p), normalise(q)
+    as_tensor = torch.from_numpy
+    return (as_tensor(p[0, 0]).clone(), as_tensor(q[0, 0]).clone(),
+            as_tensor(p[1:]).clone(), as_tensor(q[1:]).clone())
+
+
 def tree_depth(parents: tuple[int, ...]) -> int:
     """Depth of the deepest node of a tree given as parents (node j+1's parent is
     ``parents[j]``, node 0 is the root): 0 for an empty tree."""

@@ -112,7 +112,8 @@ class TreeAssertions:
 
 def class_p(case: TreeCase, depth: int, token: int) -> np.ndarray:
     """``[V]`` float64 p at the nodes of (``depth``, ``token``) (the root's p at depth 0)."""
-    row = case.root_target if depth == 0 else case.target_table[depth - 1, token]
+    row = (case.root_target if depth == 0
+           else case.target_table[depth - 1, int(case.table_rows(torch.tensor(token)))])
     array: np.ndarray = row.to(torch.float64).numpy()
     return array
 
@@ -150,15 +151,29 @@ def visited_classes(
     )
 
 
+PILOT_CELLS = 1 << 25
+"""Largest ``trees x (N+1) x V`` input of one pilot call (256 MB per float64 tensor): a pilot
+at a real vocabulary (V = 152k) verifies its trees in chunks of this size; every battery case
+at V <= 1024 fits in one call."""
+
+
 def _pilot_reach(case: TreeCase) -> dict[tuple[int, int], float]:
     generator = torch.Generator().manual_seed(derive_seed(PILOT_SEED, case.case_hash))
-    ids = case.draw_trees(PILOT_TREES, generator)
-    target, draft = case.inputs(ids)
-    parents = case.parents_tensor.expand(PILOT_TREES, -1).contiguous()
-    output = verify_tree(target, draft, parents, ids, case.draft_scheme, generator)
-    _, depth, token, _ = visited_classes(
-        ids.numpy(), output.tokens.numpy(), output.accepted_nodes.numpy(), case.depths.numpy()
-    )
+    chunk = max(1, PILOT_CELLS // ((case.n_nodes + 1) * case.vocab_size))
+    depths, tokens = [], []
+    for start in range(0, PILOT_TREES, chunk):
+        count = min(chunk, PILOT_TREES - start)
+        ids = case.draw_trees(count, generator)
+        target, draft = case.inputs(ids)
+        parents = case.parents_tensor.expand(count, -1).contiguous()
+        output = verify_tree(target, draft, parents, ids, case.draft_scheme, generator)
+        _, depth, token, _ = visited_classes(
+            ids.numpy(), output.tokens.numpy(), output.accepted_nodes.numpy(),
+            case.depths.numpy(),
+        )
+        depths.append(depth)
+        tokens.append(token)
+    depth, token = np.concatenate(depths), np.concatenate(tokens)
     keys, counts = np.unique(np.stack([depth, token], axis=1), axis=0, return_counts=True)
     return {
         (int(d), int(x)): float(c) / PILOT_TREES

@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import torch
 
 from losslessness.cases import TreeCase
 from losslessness.checks.assertions import RATE_TOLERANCE
@@ -97,6 +98,7 @@ class TreeMonitor:
         # Zero-mass lookups of every class, so that the exact part is vectorised.
         self.root_zero = (case.root_target == 0).numpy()
         self.table_zero = (case.target_table == 0).numpy()
+        self.token_rows = case.table_rows(torch.arange(case.vocab_size)).numpy()
         self.pairs = (
             pair_state(class_p(case, 0, ROOT), planned_steps)
             if assertions.independence and case.batch_size >= 2
@@ -125,7 +127,8 @@ class TreeMonitor:
         impossible = np.where(
             at_root,
             self.root_zero[emitted],
-            self.table_zero[np.maximum(depth - 1, 0), np.maximum(token, 0), emitted],
+            self.table_zero[np.maximum(depth - 1, 0), self.token_rows[np.maximum(token, 0)],
+                            emitted],
         )
         if impossible.any():
             first = int(np.flatnonzero(impossible)[0])

@@ -48,6 +48,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from losslessness.adapters import Adapter, EndToEndTarget
 from losslessness.batteries import (
     SERVING_CI_MAX_STEPS,
@@ -59,6 +61,7 @@ from losslessness.batteries import (
     default_serving_battery,
     default_tree_battery,
 )
+from losslessness.batteries.tree import tree_case_in_dtype, tree_cases_at_vocab
 from losslessness.cases import ChainCase, GreedyCase, GreedyTreeCase, ServingCase, TreeCase
 from losslessness.checks import STATISTICAL_CHAIN_CHECK_IDS, count_statistical_assertions
 from losslessness.checks.assertions import case_laws, law_is_statistical
@@ -558,7 +561,7 @@ def select_cases(
     greedy = default_greedy_battery()
     if config.cases:
         known = {case.case_id for case in chain} | {case.case_id for case in greedy}
-        known |= {case.case_id for case in default_tree_battery()}
+        known |= {case.case_id for case in _tree_battery(config)}
         known |= {case.case_id for case in default_greedy_tree_battery()}
         known |= {case.case_id for case in default_serving_battery()}
         known.add(SEED_CONTRACT_CASE_ID)
@@ -584,11 +587,17 @@ def select_cases(
     return chain, greedy, end_to_end
 
 
-def select_tree_cases(config: RunConfig) -> tuple[list[TreeCase], list[GreedyTreeCase]]:
-    """The tree battery's tree and greedy tree cases the run covers (``config.cases`` and
-    ``config.only``; ``config.batch_size`` trees per call); unknown ids are
-    :func:`select_cases`'s to reject."""
-    tree = default_tree_battery()
+def _tree_battery(config: RunConfig) -> list[TreeCase]:
+    """The sampled tree cases under the run's conditions: rebuilt at ``--vocab-size``, p and q
+    in float32 under ``--dtype float32`` (ids suffixed ``-float32``), ``--batch-size`` trees
+    per call."""
+    tree = (
+        default_tree_battery()
+        if config.vocab_size is None
+        else tree_cases_at_vocab(config.vocab_size)
+    )
+    if config.dtype == "float32":
+        tree = [tree_case_in_dtype(case, torch.float32) for case in tree]
     if config.batch_size is not None:
         tree = [
             dataclasses.replace(
@@ -597,6 +606,21 @@ def select_tree_cases(config: RunConfig) -> tuple[list[TreeCase], list[GreedyTre
             )
             for case in tree
         ]
+    return tree
+
+
+def select_tree_cases(config: RunConfig) -> tuple[list[TreeCase], list[GreedyTreeCase]]:
+    """The tree battery's tree and greedy tree cases the run covers (``config.cases`` and
+    ``config.only``); under ``--vocab-size`` the sampled tree shapes rebuilt at that V
+    (:func:`~losslessness.batteries.tree.tree_cases_at_vocab`), under ``--dtype float32`` their
+    p and q given in float32, under ``--batch-size`` that many trees per call. Unknown ids are
+    :func:`select_cases`'s to reject.
+
+    Raises:
+        ValueError: naming ``dtype`` for bfloat16, which tree inputs do not take (a bfloat16
+            row misses the tree protocol's row-sum tolerance).
+    """
+    tree = _tree_battery(config)
     greedy_tree = default_greedy_tree_battery()
     if config.cases:
         tree = [case for case in tree if case.case_id in config.cases]
@@ -690,7 +714,8 @@ def plan_run(
         :class:`RunPlan`.
 
     Raises:
-        ValueError: repeated target names, or unknown case ids (naming ``cases``).
+        ValueError: repeated target names, unknown case ids (naming ``cases``), or bfloat16
+            inputs with a tree target (naming ``dtype``).
     """
     adapters = [target for target in targets if isinstance(target, Adapter)]
     unavailable = [target for target in targets if isinstance(target, UnavailableTarget)]
@@ -703,12 +728,21 @@ def plan_run(
         chain = []
     if not any(adapter.greedy is not None for adapter in adapters):
         greedy = []
-    tree, greedy_tree = select_tree_cases(config)
+    tree, greedy_tree = (
+        select_tree_cases(config)
+        if any(a.tree is not None or a.greedy_tree is not None for a in adapters)
+        else ([], [])
+    )
     serving_targets = [adapter for adapter in adapters if adapter.serving is not None]
     serving = select_serving_cases(config) if serving_targets else []
     tree_targets = [adapter for adapter in adapters if adapter.tree is not None]
     if not tree_targets:
         tree = []
+    if tree and config.dtype == "bfloat16":
+        raise ValueError(
+            "dtype: bfloat16 is not taken by tree cases (a bfloat16 row misses the tree "
+            "protocol's row-sum tolerance of 1e-5); use float32 or float64 with tree targets"
+        )
     if not any(adapter.greedy_tree is not None for adapter in adapters):
         greedy_tree = []
     selected = tuple(c for c in STATISTICAL_CHAIN_CHECK_IDS if config.selects(c))

@@ -50,6 +50,13 @@ def replay_command(plan: PlanRecord, check: CheckResult, greedy: bool = False) -
         if check.details.get("engine_profile"):
             command += f" --engine-profile {check.details['engine_profile']}"
     command += f" --seed {config.seed} --case {check.case_id} --only {check.check_id}"
+    # The conditions the case was built and called under (its id and hash depend on them).
+    if config.vocab_size is not None:
+        command += f" --vocab-size {config.vocab_size}"
+    if config.batch_size is not None:
+        command += f" --batch-size {config.batch_size}"
+    if config.dtype is not None:
+        command += f" --dtype {config.dtype}"
     tree_grid = plan.tree_cases.get(check.case_id)
     steps = (
         check.details.get("steps", grid.n_steps) if grid is not None

@@ -268,8 +268,9 @@ def token_reach(case: TreeCase) -> torch.Tensor:
             for token in np.flatnonzero(reach[parent] > 0).tolist():
                 key = (depth, token, len(kids))
                 if key not in cache:
+                    row = int(case.table_rows(torch.tensor(token)))
                     cache[key] = _group_law(
-                        target[depth - 1, token], draft[depth - 1, token], len(kids), scheme
+                        target[depth - 1, row], draft[depth - 1, row], len(kids), scheme
                     )
                 law += reach[parent, token] * cache[key]
         for slot, child in enumerate(kids):

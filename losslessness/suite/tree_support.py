@@ -202,7 +202,9 @@ def _law_failure(
             f"{budget.profile})"
         )
     p = torch.from_numpy(class_p(case, d, x))
-    q = case.root_draft if d == 0 else case.draft_table[d - 1, x] if d < case.depth else None
+    q = (case.root_draft if d == 0
+         else case.draft_table[d - 1, int(case.table_rows(torch.tensor(x)))] if d < case.depth
+         else None)
     _, depth, token, emitted = visited_classes(
         samples.token_ids, samples.tokens, samples.accepted_nodes, case.depths.numpy()
     )

@@ -3,7 +3,8 @@
 Each lossy mutant is the reference tree verifier (:mod:`losslessness.reference.tree`) with one
 mechanism changed: a sibling tested against the wrong law, the rule of one draft scheme applied
 to drafts of another, the final token drawn from the wrong node's row, a repeated sibling token
-counted twice, Medusa's typical acceptance, SGLang's relaxed acceptance thresholds, or a greedy
+counted twice, Medusa's typical acceptance, SGLang's relaxed acceptance thresholds, the residual
+sampled among the target's top 10 only (a sparse fast path), or a greedy
 walk that picks the wrong child or the wrong final row. The lossless controls are correct
 algorithms that differ from the reference (siblings tried in another valid order, the final
 token by an exponential race, the test in log space, sample-and-match per level, SGLang's
@@ -80,7 +81,13 @@ SGLANG_SOURCE = (
     "https://github.com/sgl-project/sglang/blob/main/sgl-kernel/csrc/speculative/"
     "speculative_sampling.cuh"
 )
+FAST_PATH_TOP_K = 10
+"""k of the sparse top-k fast path of :func:`residual_top_10_only` and its exact control."""
+
 MEDUSA_SOURCE = "https://github.com/FasterDecoding/Medusa/blob/main/medusa/model/utils.py"
+FLASHINFER_SAMPLING_SOURCE = (
+    "https://github.com/flashinfer-ai/flashinfer/blob/main/include/flashinfer/sampling.cuh"
+)
 SPECINFER_SOURCE = "https://github.com/flexflow/FlexFlow"
 MCSD_SOURCE = "https://github.com/NJUNLP/MCSD"
 LLAMA_CPP_TREE_SOURCE = "https://github.com/ggml-org/llama.cpp/pull/5625"
@@ -140,6 +147,28 @@ def _exponential_race(law: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor
     return times.argmin(dim=-1)
 
 
+def _top_k_final(law: torch.Tensor, p_row: torch.Tensor, uniforms: torch.Tensor, top_k: int,
+                 exact: bool) -> torch.Tensor:
+    """The final token by a sparse top-k fast path: inverse CDF over ``law`` gathered at the
+    ``top_k`` most likely tokens of the node's target row ``p_row`` (``law, p_row: [B, V]``,
+    ``uniforms: [B]``). ``exact``: the sparse path only where ``law`` has no mass outside those
+    tokens, the dense draw elsewhere; otherwise the sparse path wherever the top k hold any
+    of ``law``'s mass (the mass outside them is dropped)."""
+    count = min(top_k, law.shape[-1])
+    top = p_row.topk(count, dim=-1).indices
+    sparse = law.gather(1, top)
+    inside = sparse.sum(dim=-1)
+    outside = law.sum(dim=-1) - inside
+    use_sparse = (outside <= 0) if exact else (inside > 0)
+    dense = sample_inverse_cdf(law, uniforms)
+    if not bool(use_sparse.any()):
+        return dense
+    picked = sample_inverse_cdf(
+        torch.where(use_sparse.unsqueeze(1), sparse, 1.0), uniforms
+    )
+    return torch.where(use_sparse, top.gather(1, picked.unsqueeze(1)).squeeze(1), dense)
+
+
 @dataclass(frozen=True)
 class _Walk:
     """Options of :func:`_walk`, each one mechanism (all False/None: the reference)."""
@@ -150,6 +179,8 @@ class _Walk:
     reverse_exchangeable: bool = False
     log_space: bool = False
     exponential_final: bool = False
+    final_top_k: int | None = None
+    final_top_k_exact: bool = False
 
 
 def _walk(
@@ -238,6 +269,9 @@ def _walk(
         if bool(stopping.any()):
             if options.exponential_final:
                 final = _exponential_race(final_law[stopping], final_u[stopping])
+            elif options.final_top_k is not None:
+                final = _top_k_final(final_law[stopping], p_row[stopping], final_u[stopping],
+                                     options.final_top_k, options.final_top_k_exact)
             else:
                 final = sample_inverse_cdf(final_law[stopping], final_u[stopping])
             tokens[stopping, level] = final
@@ -384,6 +418,35 @@ def final_from_parent_row(
     p, q, par, ids = _prepare(target_probs, draft_probs, parents, token_ids, draft_scheme,
                               generator)
     return _walk(p, q, par, ids, draft_scheme, generator, _Walk(final_row="parent"))
+
+
+def residual_top_10_only(
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor,
+    parents: torch.Tensor,
+    token_ids: torch.Tensor,
+    draft_scheme: str,
+    generator: torch.Generator,
+) -> TreeOutput:
+    """LOSSY: the final token (the correction after the last node's children are all rejected,
+    or the bonus at a leaf) is sampled among the 10 tokens of largest target probability at
+    that node only: the running residual gathered at p's top 10 and renormalised, the mass
+    of every other token dropped. At V <= 10 this is exact; at a language model's vocabulary
+    the tail outside the top 10 is never emitted after a rejection.
+
+    Source: a sparse top-k fast path for the residual draw, the shape of FlashInfer's
+    ``top_k_sampling_from_probs`` and of samplers that keep only the top-k logits
+    (https://github.com/flashinfer-ai/flashinfer/blob/main/include/flashinfer/sampling.cuh)
+    reused for the residual without a check that the residual's support fits in the top k;
+    issue 21 of this project (a tree verifier sampling the residual among the target's top 10
+    passed every tree case at V <= 8). No shipped engine bug of exactly this shape was found
+    in the engines' trackers.
+
+    Args and returns: as :func:`iid_siblings_against_p`.
+    """
+    p, q, par, ids = _prepare(target_probs, draft_probs, parents, token_ids, draft_scheme,
+                              generator)
+    return _walk(p, q, par, ids, draft_scheme, generator, _Walk(final_top_k=FAST_PATH_TOP_K))
 
 
 def _sglang_target_only(
@@ -879,6 +942,32 @@ def sample_and_match(
     return TreeOutput(tokens, accepted)
 
 
+def exact_top_k_fast_path(
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor,
+    parents: torch.Tensor,
+    token_ids: torch.Tensor,
+    draft_scheme: str,
+    generator: torch.Generator,
+) -> TreeOutput:
+    """LOSSLESS CONTROL: the reference rule with a sparse top-k fast path for the final token
+    that is exact: the residual is sampled among p's 10 most likely tokens only where its whole
+    support lies in them (always at V <= 10, and where rejections removed every other token),
+    by the dense inverse CDF otherwise. Same law as the reference, other draws.
+
+    Source: the guarded fast path of :func:`residual_top_10_only` (FlashInfer's
+    ``top_k_sampling_from_probs``,
+    https://github.com/flashinfer-ai/flashinfer/blob/main/include/flashinfer/sampling.cuh,
+    is exact only when the distribution's support fits in its top k).
+
+    Args and returns: as :func:`iid_siblings_against_p`.
+    """
+    p, q, par, ids = _prepare(target_probs, draft_probs, parents, token_ids, draft_scheme,
+                              generator)
+    return _walk(p, q, par, ids, draft_scheme, generator,
+                 _Walk(final_top_k=FAST_PATH_TOP_K, final_top_k_exact=True))
+
+
 def one_coin_cumulative(
     target_probs: torch.Tensor,
     draft_probs: torch.Tensor,
@@ -1025,6 +1114,12 @@ def _greedy_tree_case(case_id: str, parents: tuple[int, ...], seed: int, *, voca
 # ----------------------------------------------------------------------------- zoo
 
 
+def _wide_root(seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """A root p and q at V = 256, Dirichlet(0.5) rows drawn from ``CASE_SEED + 100 + seed``."""
+    rows = _rows(np.random.default_rng(CASE_SEED + 100 + seed), 2, 256, 0.5)
+    return rows[0], rows[1]
+
+
 def _case_builders() -> dict[str, Callable[[], TreeCase | GreedyTreeCase]]:
     """Every tree mutant's case builder by mutant name (see each builder's comment for why its
     case makes the mechanism act); a case is built on first use."""
@@ -1069,6 +1164,10 @@ def _case_builders() -> dict[str, Callable[[], TreeCase | GreedyTreeCase]]:
         "tree-sglang-threshold-acc": functools.partial(
             _tree_case, "tree-topk-acc-v6", (0, 0, 1), "top-k", [0.2, 0.2, 0.2, 0.2, 0.1, 0.1],
             [0.3, 0.3, 0.1, 0.1, 0.1, 0.1], 9),
+        # A star of 3 i.i.d. drafts at V = 256 with Dirichlet(0.5) rows: the tokens outside p's
+        # top 10 hold most of the residual's mass.
+        "tree-residual-top-10-only": functools.partial(
+            _tree_case, "tree-star3-v256-iid", (0, 0, 0), "iid", *_wide_root(19), 19),
         "tree-greedy-first-child-only": functools.partial(
             _greedy_tree_case, "tree-greedy-v8-first", (0, 0, 1, 2, 2), 10, repeat_first=False),
         "tree-greedy-highest-index-match": functools.partial(
@@ -1090,6 +1189,12 @@ def _case_builders() -> dict[str, Callable[[], TreeCase | GreedyTreeCase]]:
         "tree-sample-and-match": functools.partial(
             _tree_case, "tree-control-topk-v6", (0, 0, 0, 1, 1, 2), "top-k",
             [0.3, 0.25, 0.2, 0.1, 0.1, 0.05], [0.1, 0.2, 0.3, 0.2, 0.1, 0.1], 16),
+        # V = 8 <= 10: the fast path is taken at every final draw here (the battery's V = 1024
+        # cases take the dense path).
+        "tree-exact-top-k-fast-path": functools.partial(
+            _tree_case, "tree-control-wr-v8", (0, 0, 0, 1, 1, 2), "without-replacement",
+            [0.3, 0.2, 0.15, 0.1, 0.1, 0.05, 0.05, 0.05],
+            [0.1, 0.2, 0.3, 0.1, 0.1, 0.1, 0.05, 0.05], 20),
         "tree-one-coin-cumulative": functools.partial(
             _tree_case, "tree-control-iid-v4", (0, 0, 0, 1), "iid", [0.2, 0.2, 0.3, 0.3],
             [0.8, 0.1, 0.05, 0.05], 17),
@@ -1123,6 +1228,9 @@ def _specs() -> tuple[Mutant, ...]:
          "threshold_single = 0.5: any sibling with p(x) >= 0.5 accepted", SGLANG_SOURCE),
         ("tree-sglang-threshold-acc", sglang_threshold_acc, False, True,
          "threshold_acc = 0.5: coin <= prob_acc / 0.5 doubles acceptance", SGLANG_SOURCE),
+        ("tree-residual-top-10-only", residual_top_10_only, False, True,
+         "final token sampled among p's top 10 only (sparse top-k fast path)",
+         FLASHINFER_SAMPLING_SOURCE),
         ("tree-greedy-first-matching-path", greedy_first_matching_path, True, True,
          "longest match's length, first matching path's tokens", EAGLE_SOURCE),
         ("tree-greedy-final-from-parent", greedy_final_from_parent, True, True,
@@ -1143,6 +1251,9 @@ def _specs() -> tuple[Mutant, ...]:
         ("tree-sample-and-match", sample_and_match, False, False,
          "x ~ p per level, follow the child with token x: lossless for every scheme",
          EAGLE_SOURCE),
+        ("tree-exact-top-k-fast-path", exact_top_k_fast_path, False, False,
+         "top-10 fast path only where the residual's support fits in it: exact",
+         FLASHINFER_SAMPLING_SOURCE),
         ("tree-one-coin-cumulative", one_coin_cumulative, False, False,
          "SGLang's rule at thresholds 1 with repeated tokens skipped: inverse CDF of p",
          SGLANG_SOURCE),

@@ -8,6 +8,12 @@ import pytest
 import torch
 
 from losslessness.batteries import default_greedy_tree_battery, default_tree_battery
+from losslessness.batteries.tree import (
+    CALL_CELLS,
+    TABLE_CELLS,
+    tree_case_in_dtype,
+    tree_cases_at_vocab,
+)
 from losslessness.cases import TreeCase
 from losslessness.checks import (
     check_tree_acceptance,
@@ -17,9 +23,9 @@ from losslessness.checks import (
     check_tree_structure,
 )
 from losslessness.checks import tree_assertions as tree_assertions_module
-from losslessness.checks.tree_assertions import tree_assertions
+from losslessness.checks.tree_assertions import class_p, tree_assertions
 from losslessness.engine.draw import sample_tree
-from losslessness.protocol import PLACEHOLDER, TreeOutput
+from losslessness.protocol import PLACEHOLDER, InvalidInputError, TreeOutput
 from losslessness.reference import tree_laws as tree_laws_module
 from losslessness.reference.tree import _verify_tree_validated, verify_tree, verify_tree_greedy
 from losslessness.reference.tree_laws import TreeLaws
@@ -316,3 +322,85 @@ def test_pilot_assertions_are_deterministic_and_cached_by_case_hash() -> None:
         (c.depth, c.token, c.statistical) for c in second.classes
     ]
     assert first.count() == second.count() > 0
+
+
+def test_tree_law_at_v1024_passes_the_reference_and_catches_the_top_10_residual() -> None:
+    """tree.law at a real vocabulary (the battery's V = 1024 star, cells of small expected count
+    pooled): the reference PASSes every class; sampling the residual among the target's top 10
+    only (``tree-residual-top-10-only``) is LOSSY; the exact top-k fast path PASSes."""
+    case = _case("tree-star4-v1024-iid")
+    assert case.vocab_size == 1024
+    good = check_tree_law(sample_tree(verify_tree, case, 2048, 5), _context(case.case_id))
+    assert _verdicts(good) == {Verdict.PASS}
+    assert any(r.details.get("pooled_cells", 0) > 0 for r in good)
+    bad = check_tree_law(sample_tree(tree_zoo.residual_top_10_only, case, 2048, 5),
+                         _context(case.case_id))
+    assert Verdict.LOSSY in _verdicts(bad)
+    exact = check_tree_law(sample_tree(tree_zoo.exact_top_k_fast_path, case, 2048, 5),
+                           _context(case.case_id))
+    assert _verdicts(exact) == {Verdict.PASS}
+
+
+@pytest.mark.parametrize("vocab", [4, 1024, pytest.param(152_064, marks=pytest.mark.slow)])
+def test_tree_cases_at_vocab_build_every_scheme_within_memory_and_verify(vocab: int) -> None:
+    """tree_cases_at_vocab(V): 15 cases at V (every shape under every scheme, deterministic
+    hashes), tables of at most TABLE_CELLS cells per depth and calls of at most CALL_CELLS
+    input cells, so V = 152k (Qwen2's vocabulary, marked slow: about 20 s) builds in
+    memory; the reference verifies one call of each without an emitted id outside [0, V)."""
+    cases = tree_cases_at_vocab(vocab)
+    assert len(cases) == 15 and {c.draft_scheme for c in cases} == {"iid", "without-replacement",
+                                                                    "top-k"}
+    assert all(c.vocab_size == vocab for c in cases)
+    assert [c.case_hash for c in cases] == [c.case_hash for c in tree_cases_at_vocab(vocab)]
+    for case in cases:
+        assert case.target_table[0].numel() <= max(TABLE_CELLS, vocab)
+        assert case.batch_size * (case.n_nodes + 1) * vocab <= max(
+            CALL_CELLS, 2 * (case.n_nodes + 1) * vocab
+        )
+        samples = sample_tree(verify_tree, case, case.batch_size, 1)
+        emitted = samples.tokens[samples.tokens >= 0]
+        assert emitted.size and int(emitted.max()) < vocab
+
+
+def test_tree_cases_at_vocab_rejects_a_vocabulary_smaller_than_a_sibling_group() -> None:
+    """V < 4 cannot draft the EAGLE-like root's 4 siblings without replacement: ValueError
+    naming vocab_size."""
+    with pytest.raises(ValueError, match="vocab_size"):
+        tree_cases_at_vocab(3)
+
+
+def test_token_rows_share_table_rows_and_must_index_them() -> None:
+    """A TreeCase with ``token_rows`` reads p and q of token x from row ``token_rows[x]`` (the
+    inputs and the law check's class p agree), and a row index outside the tables raises
+    InvalidInputError naming token_rows."""
+    case = next(c for c in tree_cases_at_vocab(64) if c.case_id == "tree-chain-v64-iid")
+    ids = case.draw_trees(3, torch.Generator().manual_seed(0))
+    target, _ = case.inputs(ids)
+    token = int(ids[0, 0])
+    row = int(case.token_rows[token])  # type: ignore[index]
+    assert torch.equal(target[0, 1], case.target_table[0, row])
+    assert np.array_equal(class_p(case, 1, token), case.target_table[0, row].numpy())
+    with pytest.raises(InvalidInputError, match="token_rows"):
+        TreeCase("bad", "bad", case.parents, case.root_target, case.root_draft,
+                 case.target_table, case.draft_table, case.draft_scheme,
+                 token_rows=torch.full((64,), 10_000, dtype=torch.int64))
+
+
+def test_tree_case_in_float32_gives_float32_inputs_and_the_reference_passes_its_laws() -> None:
+    """tree_case_in_dtype(case, float32): the verifier receives float32 p and q equal to the
+    case's tables (the exact laws are those values), the reference PASSes tree.law on the V =
+    1024 star; float64 returns the case itself; bfloat16 raises InvalidInputError naming
+    input_dtype (its rows miss the protocol's row-sum tolerance)."""
+    case = _case("tree-star4-v1024-iid")
+    assert tree_case_in_dtype(case, torch.float64) is case
+    single = tree_case_in_dtype(case, torch.float32)
+    ids = single.draw_trees(4, torch.Generator().manual_seed(0))
+    target, draft = single.inputs(ids)
+    assert target.dtype == draft.dtype == torch.float32
+    assert torch.equal(target[:, 0].double(), single.root_target.expand(4, -1))
+    assert single.case_hash != case.case_hash
+    results = check_tree_law(sample_tree(verify_tree, single, 2048, 5),
+                             _context(single.case_id))
+    assert _verdicts(results) == {Verdict.PASS}
+    with pytest.raises(InvalidInputError, match="input_dtype"):
+        tree_case_in_dtype(case, torch.bfloat16)
