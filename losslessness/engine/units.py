@@ -79,6 +79,30 @@ def _not_sampled(
     record.checks = [context.untested(c, Verdict.SKIPPED, record.failure) for c in check_ids]
 
 
+def _blamed_draw(
+    state: ShardState,
+    record: UnitRecord,
+    context: CheckContext,
+    selected: list[str],
+    structure_id: str,
+    draw: Callable[[], _Outputs],
+) -> _Outputs | None:
+    """``draw()``, the target's samples of a unit, or None after recording why there are none:
+    a malformed output is LOSSY under ``structure_id``, any other failure of the target an
+    ERROR (or SKIPPED when not applicable) for every check of ``selected``; on failure the
+    time spent is the target's (``record.verifier_time_s``)."""
+    began = time.perf_counter()
+    try:
+        return draw()
+    except ProtocolViolation as violation:
+        record.checks = [malformed_output_result(context, violation, structure_id)]
+    except Exception as error:
+        record_target_error(state, record, error)
+        record.checks = untested_results(context, record, selected)
+    record.verifier_time_s = time.perf_counter() - began
+    return None
+
+
 def _run_exact_unit(
     state: ShardState,
     unit: Unit,
@@ -164,26 +188,23 @@ def _run_tree_unit(state: ShardState, unit: Unit, record: UnitRecord) -> None:
         out_of_time = _past_deadline(state)
         return out_of_time
 
-    began = time.perf_counter()
-    try:
-        samples = sample_tree(
-            adapter.tree,
+    verifier = adapter.tree
+    assert verifier is not None
+    drawn = _blamed_draw(
+        state, record, context, selected, TREE_STRUCTURE_CHECK_ID,
+        lambda: sample_tree(
+            verifier,
             case,
             unit.steps,
             grid.seed,
             plan.config.timeout_s,
             progress=state.tracker.advance,
             monitor=watch if monitor is not None or state.deadline is not None else None,
-        )
-    except ProtocolViolation as violation:
-        record.checks = [malformed_output_result(context, violation, TREE_STRUCTURE_CHECK_ID)]
-        record.verifier_time_s = time.perf_counter() - began
+        ),
+    )
+    if drawn is None:
         return
-    except Exception as error:
-        record_target_error(state, record, error)
-        record.checks = untested_results(context, record, selected)
-        record.verifier_time_s = time.perf_counter() - began
-        return
+    samples = drawn
     record.verify_steps = samples.n_steps
     record.verifier_calls = samples.calls
     record.verifier_time_s = samples.verifier_time_s
@@ -232,7 +253,8 @@ def _run_serving_unit(state: ShardState, unit: Unit, record: UnitRecord) -> None
     ``engine_profile``), its design stated before sampling, the samples, every serving check."""
     plan = state.plan
     adapter = plan.adapter(unit.target)
-    assert adapter.serving is not None
+    serving = adapter.serving
+    assert serving is not None
     case = next(case for case in plan.serving_cases if case.case_id == unit.case_id)
     seed = derive_seed(plan.config.seed, UnitKind.SERVING.value, case.case_hash)
     context = check_context(
@@ -264,21 +286,16 @@ def _run_serving_unit(state: ShardState, unit: Unit, record: UnitRecord) -> None
         record.fail(FailureKind.NOT_APPLICABLE, f"not applicable: {error}")
         record.checks = untested_results(context, record, selected)
         return
-    began = time.perf_counter()
-    try:
-        samples = sample_serving(
-            adapter.serving, case, unit.steps, seed, plan.config.timeout_s,
+    drawn = _blamed_draw(
+        state, record, context, selected, SERVING_STRUCTURE_CHECK_ID,
+        lambda: sample_serving(
+            serving, case, unit.steps, seed, plan.config.timeout_s,
             progress=state.tracker.advance,
-        )
-    except ProtocolViolation as violation:
-        record.checks = [malformed_output_result(context, violation, SERVING_STRUCTURE_CHECK_ID)]
-        record.verifier_time_s = time.perf_counter() - began
+        ),
+    )
+    if drawn is None:
         return
-    except Exception as error:
-        record_target_error(state, record, error)
-        record.checks = untested_results(context, record, selected)
-        record.verifier_time_s = time.perf_counter() - began
-        return
+    samples = drawn
     record.verify_steps = samples.n_steps
     record.verifier_calls = samples.calls
     record.verifier_time_s = samples.verifier_time_s
@@ -304,8 +321,8 @@ def _run_seed_contract_unit(state: ShardState, unit: Unit, record: UnitRecord) -
     compared exactly; a broken contract is IRREPRODUCIBLE, a crash or hang an ERROR, a
     malformed output a failed ``serving.structure``."""
     plan = state.plan
-    adapter = plan.adapter(unit.target)
-    assert adapter.serving is not None
+    serving = plan.adapter(unit.target).serving
+    assert serving is not None
     seed = derive_seed(plan.config.seed, UnitKind.SEED_CONTRACT.value)
     context = check_context(
         plan.record, unit.target, unit.case_id, SEED_CONTRACT_SUMMARY, UnitKind.SEED_CONTRACT.value,
@@ -315,18 +332,13 @@ def _run_seed_contract_unit(state: ShardState, unit: Unit, record: UnitRecord) -
         _not_sampled(record, context, [SEED_CONTRACT_CHECK_ID], "time budget spent")
         return
     began = time.perf_counter()
-    try:
-        observations = seed_contract_observations(
-            adapter.serving, seed, plan.config.timeout_s, progress=state.tracker.advance
-        )
-    except ProtocolViolation as violation:
-        record.checks = [malformed_output_result(context, violation, SERVING_STRUCTURE_CHECK_ID)]
-        record.verifier_time_s = time.perf_counter() - began
-        return
-    except Exception as error:
-        record_target_error(state, record, error)
-        record.checks = untested_results(context, record, [SEED_CONTRACT_CHECK_ID])
-        record.verifier_time_s = time.perf_counter() - began
+    observations = _blamed_draw(
+        state, record, context, [SEED_CONTRACT_CHECK_ID], SERVING_STRUCTURE_CHECK_ID,
+        lambda: seed_contract_observations(
+            serving, seed, plan.config.timeout_s, progress=state.tracker.advance
+        ),
+    )
+    if observations is None:
         return
     record.verifier_time_s = time.perf_counter() - began
     record.verifier_calls = len(observations)
