@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from losslessness.suite import SMALL_VOCAB
+from losslessness.suite import MAX_VOCAB, SMALL_VOCAB
 from losslessness.zoo import MUTANTS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -85,9 +85,12 @@ def test_suite_fails_on_each_wrong_verifier_with_a_replayable_message(
     assert match, output
     vocab, k, batch = (int(x) for x in match.groups()[1:])
     print(f"{verifier}: shrunk to V={vocab} k={k} B={batch}")
-    # Cases are drawn from V <= 16 or from V in 17..300; a failure found among the large ones
-    # shrinks to V = 17, the smallest of that half.
-    assert min_vocab <= vocab <= max(min_vocab, SMALL_VOCAB + 1) + 15 and batch == 1 and k <= 2
+    # Cases are drawn from V <= 16 or from V in 17..300. A failure found among the large ones
+    # shrinks towards V = 17, but the top-16 truncation only shows where the residual spreads
+    # over enough tokens, so its shrink may stop at a larger V (89 on one revision of the
+    # strategies): there only B and k are pinned small.
+    largest = MAX_VOCAB if min_vocab > SMALL_VOCAB else max(min_vocab, SMALL_VOCAB + 1) + 15
+    assert min_vocab <= vocab <= largest and batch == 1 and k <= 2
     assert re.search(r"seed \d+ \(derived from the case hash [0-9a-f]{12}\)", output)
     assert (
         f"replay: pytest --losslessness-target={target} --losslessness-profile=ci "

@@ -30,6 +30,17 @@ LOSSY_TREE_MUTANTS = [
 ]
 """The lossy tree mutants not already shown, in detail, by the two tests on ``wrong_run``."""
 
+BEYOND_SUITE_VOCAB = {
+    "tree-residual-top-10-only": pytest.mark.xfail(
+        strict=True,
+        reason="known gap: the suite's tree strategies draw V <= 16, where a residual kept to "
+        "its 10 most likely tokens loses too little mass to show; the audit's V = 1024 tree "
+        "cases catch it (tests/adapters/test_tree_mutants.py). Strict: a suite that starts "
+        "catching it fails here, so this mark is removed then.",
+    ),
+}
+"""Lossy tree mutants whose mechanism needs a vocabulary the suite does not draw."""
+
 
 def run_suite(*options: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     """pytest from an empty directory with the repository on PYTHONPATH; one torch thread, as
@@ -124,6 +135,8 @@ def test_tree_target_without_a_tree_verifier_is_a_usage_error(tmp_path: Path) ->
         # message are pinned above (greedy_final_from_parent), these run in ``tox -e slow``.
         pytest.param(spec, id=spec.name, marks=pytest.mark.slow)
         if spec.protocol == "greedy-tree"
+        else pytest.param(spec, id=spec.name, marks=BEYOND_SUITE_VOCAB[spec.name])
+        if spec.name in BEYOND_SUITE_VOCAB
         else pytest.param(spec, id=spec.name)
         for spec in LOSSY_TREE_MUTANTS
     ],
