@@ -11,6 +11,7 @@ written and printed first (:mod:`losslessness.commands.signals`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import sys
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,12 @@ from rich.console import Console
 from losslessness.adapters import Adapter
 from losslessness.commands.options import build_config, check_output_file, design_options
 from losslessness.commands.signals import handles_signals
+from losslessness.config import RunConfig
 from losslessness.engine import run_audit
+from losslessness.engine.parallel import available_cpus
+from losslessness.engine.plan import load_device_checks, plan_run
+from losslessness.engine.scheduler import run_shard
+from losslessness.engine.shards import ShardResult, ShardSpec
 from losslessness.targets import UnavailableTarget, resolve_targets
 
 DEFAULT_TARGETS = ("reference", "transformers", "transformers-generate", "toy-tree", "medusa")
@@ -70,6 +76,35 @@ def resolve_named_targets(
             target = dataclasses.replace(target, engine_profile=engine_profile)
         named.append(target)
     return named
+
+
+@dataclasses.dataclass(frozen=True)
+class TargetNames:
+    """What the user named, as :func:`resolve_named_targets` takes it: a child process of
+    ``--jobs`` resolves the same targets from it (it pickles; adapters do not)."""
+
+    names: tuple[str, ...]
+    greedy: bool
+    tree: tuple[str, ...]
+    tree_greedy: tuple[str, ...]
+    in_process: bool
+    protocol: str | None
+    engine_profile: str | None
+
+    def resolve(self) -> list[Adapter | UnavailableTarget]:
+        """:func:`resolve_named_targets` of these names."""
+        return resolve_named_targets(
+            self.names, self.greedy, self.tree, self.tree_greedy, self.in_process,
+            self.protocol, self.engine_profile,
+        )
+
+
+def run_child_shard(config: RunConfig, targets: TargetNames, spec: ShardSpec) -> ShardResult:
+    """Shard ``spec`` of an audit, in a child process of ``--jobs``
+    (:data:`losslessness.engine.parallel.ShardRunner`): resolve the targets, plan the run as
+    the parent did (no time budget: ``--jobs`` runs without one) and run the shard."""
+    note = load_device_checks()[1] if config.device_checks else None
+    return run_shard(plan_run(config, targets.resolve(), note), spec)
 
 
 def report_console() -> Console:
@@ -122,6 +157,16 @@ def report_console() -> Console:
     help="The engine profile (the non-speculative law) a serving target claims, when the "
     "function has no engine_profile attribute.",
 )
+@click.option(
+    "--jobs",
+    type=click.IntRange(min=1),
+    default=None,
+    envvar="LOSSLESSNESS_JOBS",
+    help="Processes the audit runs its units in (default: one per available CPU; also "
+    "LOSSLESSNESS_JOBS): shards of the unit grid in child processes, merged exactly as one "
+    "process's run. A run planned below 100000 verify steps, a --time-budget and --in-process "
+    "use one.",
+)
 @click.option("--no-progress", is_flag=True, help="Do not show a progress bar.")
 @handles_signals
 def audit_command(
@@ -132,6 +177,7 @@ def audit_command(
     tree_greedy_targets: tuple[str, ...],
     protocol: str | None,
     engine_profile: str | None,
+    jobs: int | None,
     no_progress: bool,
     **options: Any,
 ) -> None:
@@ -153,16 +199,19 @@ def audit_command(
     config = build_config(options)
     if json_path:
         check_output_file(Path(json_path), "--json")
-    resolved = resolve_named_targets(
+    names = TargetNames(
         targets, greedy, tree_targets, tree_greedy_targets, options["in_process"], protocol,
         engine_profile,
     )
+    resolved = names.resolve()
     console = report_console()
     try:
         with progress_bar("verify steps", quiet=no_progress) as update:
             result = run_audit(
                 resolved, config, progress=update,
                 announce=lambda claim: console.print(f"time budget: {claim}"),
+                jobs=1 if options["in_process"] else jobs or available_cpus(),
+                shard_runner=functools.partial(run_child_shard, config, names),
             )
     except ValueError as error:
         raise click.UsageError(str(error)) from error

@@ -78,10 +78,15 @@ def test_default_audit_catches_lossy_mutant_with_exit_1(name: str) -> None:
     assert lossy
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", CONTROLS)
 def test_default_audit_passes_lossless_control_with_exit_0(name: str) -> None:
     """No false alarm on lossless variants: every control exits 0 under the default audit;
-    sample-and-match is SUBOPTIMAL (it accepts sum p q < sum min(p, q)), the others LOSSLESS."""
+    sample-and-match is SUBOPTIMAL (it accepts sum p q < sum min(p, q)), the others LOSSLESS.
+
+    Slow (30-40 s each on two cores: a control samples the whole battery to the end); the
+    default run checks each control on its own case (``test_mutant_case_shows_its_mechanism``)
+    and the reference on the whole battery (``tests/engine/test_behaviour_pinned.py``)."""
     result = run_audit([mutant(name).adapter], AuditConfig())
     target = result.targets[0]
     flagged = [

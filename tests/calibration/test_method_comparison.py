@@ -18,6 +18,11 @@ Two properties, on the mutant zoo's own cases, every method deciding on the same
    (p = 1/252); when ours is at least as powerful as the peer that table has probability at
    most max_x x^5 (1 - x)^5 = 4^-5 (about 1e-3) per (mutant, peer).
 
+Both are marked slow (their runs take about four minutes of CPU: ``tox -e slow``, and the
+nightly); the default run keeps the calibration and power tests of each check
+(``test_audit_calibration.py``, ``test_sequential_calibration.py``,
+``test_tree_calibration.py``).
+
 Seeds derive from fixed constants; rates are printed (``pytest -s``). This file's own
 false-alarm budget: 2 binomial assertions at :data:`LEVEL` plus at most 4 peers x 14 mutants
 comparisons at about 1e-3 each; with fixed seeds the outcome is deterministic.
@@ -95,6 +100,7 @@ def test_zoo_has_controls_and_lossy_chain_mutants() -> None:
     assert len(CONTROLS) >= 2 and len(LOSSY) >= 10
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("alpha", "column"), [(DEFAULT_FAMILY_WISE_ALPHA, 0), (TESTABLE_ALPHA, 1)], ids=["1e-3", "0.05"]
 )
@@ -112,6 +118,7 @@ def test_our_false_alarm_rate_on_the_controls_is_within_the_budget(
     assert scipy.stats.binomtest(alarms, trials, alpha, alternative="greater").pvalue > LEVEL
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("peer", PEERS)
 def test_our_power_is_at_least_each_peers_where_the_peer_detects(
     control_runs: dict[str, list[tuple[int, dict[str, bool | None], list[bool]]]],

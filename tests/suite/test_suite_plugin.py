@@ -60,7 +60,8 @@ def test_suite_passes_on_the_reference(profile: str, tmp_path: Path) -> None:
         ("acceptance_never_stops", "law|structure", 2),
         ("shared_random_stream", "law|independence", 2),
         ("clamp_target_at_floor", "law", 2),
-        ("residual_truncated_to_top16", "law", 17),
+        # Slow (about a minute on 2 cores): the failure needs V > 16, whose shrink is long.
+        pytest.param("residual_truncated_to_top16", "law", 17, marks=pytest.mark.slow),
     ],
 )
 def test_suite_fails_on_each_wrong_verifier_with_a_replayable_message(

@@ -1,0 +1,92 @@
+"""An audit's shards in parallel processes (``--jobs``, :mod:`losslessness.engine.parallel`):
+the same result as one process, and a failing child costs only its own units."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import pytest
+
+from losslessness.commands.audit import TargetNames, run_child_shard
+from losslessness.config import RunConfig
+from losslessness.engine import parallel, run_audit
+from losslessness.engine.shards import ShardResult, ShardSpec
+from losslessness.results import Verdict
+
+CASES = ("v2-tilted", "v8-far", "v16-near-k4")
+"""Three battery cases: three units per target, so both shards of two run something (the
+first and third unit in the audit's process, the second in the child)."""
+
+
+def _config() -> RunConfig:
+    return dataclasses.replace(RunConfig(), cases=CASES, early_stop=False)
+
+
+def _outcome(result: object) -> list[tuple[object, ...]]:
+    return [
+        (target.name, check.check_id, check.case_id, check.position, check.row, check.n,
+         check.p_value, check.verdict)
+        for target in result.targets  # type: ignore[attr-defined]
+        for check in target.checks
+    ]
+
+
+@pytest.fixture
+def parallel_from_any_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Let these small plans use several processes (the threshold is for real audits)."""
+    monkeypatch.setattr(parallel, "MIN_PARALLEL_STEPS", 0)
+
+
+def _crashing_runner(spec: ShardSpec) -> ShardResult:
+    """A child that dies the hard way (no exception to report, no result)."""
+    import os
+
+    os._exit(7)
+
+
+def test_two_processes_give_the_one_process_audit_count_for_count(
+    parallel_from_any_size: None,
+) -> None:
+    """Shards are placed, not changed: with two processes every check of a chain target in a
+    worker and of the in-process reference has the n, p-value and verdict of the
+    one-process run (fixed design, seed 0)."""
+    names = TargetNames(("reference", "tests.wrong_verifiers:ratio_inverted"), False, (), (),
+                        False, None, None)
+    config = _config()
+    one = run_audit(names.resolve(), config)
+    runner = functools.partial(run_child_shard, config, names)
+    two = run_audit(names.resolve(), config, jobs=2, shard_runner=runner)
+    assert _outcome(one) == _outcome(two)
+    assert [t.verdict for t in two.targets] == [t.verdict for t in one.targets]
+
+
+def test_a_child_that_dies_costs_only_its_units(parallel_from_any_size: None) -> None:
+    """A child process that exits without a result: its units are ERROR with the exit code
+    named; the units of the audit's own process keep their checks (PASS for the
+    reference)."""
+    names = TargetNames(("reference",), False, (), (), False, None, None)
+    result = run_audit(names.resolve(), _config(), jobs=2, shard_runner=_crashing_runner)
+    checks = result.targets[0].checks
+    errors = {c.case_id for c in checks if c.verdict is Verdict.ERROR and c.case_id != "run"}
+    passed = {c.case_id for c in checks if c.verdict is Verdict.PASS}
+    assert errors == {"v8-far"}, errors
+    assert {"v2-tilted", "v16-near-k4"} <= passed
+    assert all(
+        "exited with code 7" in c.message
+        for c in checks
+        if c.verdict is Verdict.ERROR and c.case_id == "v8-far"
+    )
+
+
+def test_small_plans_and_one_job_stay_in_one_process() -> None:
+    """Below MIN_PARALLEL_STEPS planned steps an audit uses one process whatever --jobs
+    says, and --jobs below 1 is refused naming the option."""
+    names = TargetNames(("reference",), False, (), (), False, None, None)
+    from losslessness.engine.plan import plan_run
+
+    plan = plan_run(_config(), names.resolve(), None)
+    assert plan.planned_steps(plan.units) < parallel.MIN_PARALLEL_STEPS
+    assert parallel.parallel_jobs(plan, 8) == 1
+    with pytest.raises(ValueError, match="--jobs"):
+        parallel.parallel_jobs(plan, 0)
