@@ -18,7 +18,7 @@ import dataclasses
 import functools
 import math
 import re
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
@@ -433,14 +433,16 @@ def read_case_file(path: str | Path) -> CaseFile:
         tables[kind] = value
     seen: dict[str, str] = {}
     specs: dict[str, list[Any]] = {kind: [] for kind in CASE_FILE_KINDS}
-    readers = {"chain": _chain_spec, "tree": _tree_spec, "serving": _serving_spec}
+    readers: dict[str, Callable[[str, str, Any], ChainSpec | TreeSpec | ServingSpec]] = {
+        "chain": _chain_spec, "tree": _tree_spec, "serving": _serving_spec,
+    }
     for kind in CASE_FILE_KINDS:
         for index, values in enumerate(tables[kind]):
             where = f"{kind}[{index}]"
             case_id = values.get("id") if isinstance(values, dict) else None
             if isinstance(case_id, str):
                 where += f" (id {case_id!r})"
-            spec = readers[kind](name, where, values)
+            spec: ChainSpec | TreeSpec | ServingSpec = readers[kind](name, where, values)
             if spec.case_id in seen:
                 raise CaseFileError(name, where, "id",
                                     f"duplicate id {spec.case_id!r} (also {seen[spec.case_id]})")
@@ -614,7 +616,7 @@ def _serving_row(path: str, where: str, prefix: str, values: Any, vocab: int, k:
         request.check_vocabulary(vocab)
     except (ValueError, TypeError) as error:
         # The message starts with the field it names (``top_p=1.5 must lie in (0, 1]``).
-        field = str(error).split("=")[0].split(" ")[0]
+        field = str(error).split("=")[0].split(" ")[0].split("[")[0]
         table.fail(field if field in _REQUEST_FIELDS else "request", str(error))
     if profile is not None:
         try:

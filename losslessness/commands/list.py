@@ -16,6 +16,7 @@ from losslessness.batteries import (
     default_tree_battery,
 )
 from losslessness.batteries.case_file import read_case_file
+from losslessness.cases import ChainCase, ServingCase, TreeCase
 from losslessness.checks import ALL_CHECK_IDS
 from losslessness.targets import registered_adapters
 from losslessness.zoo import MUTANTS
@@ -68,7 +69,7 @@ def case_file_table(path: str) -> Table:
     """
     try:
         file = read_case_file(path)
-        built = [
+        built: list[tuple[str, ChainCase | TreeCase | ServingCase]] = [
             *(("chain", case) for case in file.chain_cases()),
             *(("tree", case) for case in file.tree_cases()),
             *(("serving", case) for case in file.serving_cases()),

@@ -191,9 +191,10 @@ def build_config(values: dict[str, Any], **extra: Any) -> RunConfig:
     fields.update({key: value for key, value in extra.items() if value is not None})
     try:
         config = RunConfig(**fields)
-        if config.case_file is not None:
-            # A bad file is refused before any target loads (the plan reads it again).
-            read_case_file(config.case_file)
+        if values["case_file"]:
+            # A bad file is refused before any target loads, named as the user typed it (the
+            # plan reads it again, by its absolute path, which replay lines carry).
+            read_case_file(values["case_file"])
     except ValueError as error:
         raise usage_error(error) from error
     return config
