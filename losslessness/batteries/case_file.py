@@ -21,7 +21,7 @@ import re
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 import numpy as np
 import tomllib
@@ -122,6 +122,8 @@ TREE_LAWS = ("lm", "dirichlet")
 (:func:`~losslessness.batteries.builders.softmax_markov_tables`), or ``dirichlet``
 (:func:`~losslessness.batteries.builders.markov_tables`)."""
 
+_Spec = TypeVar("_Spec", "ChainSpec", "TreeSpec", "ServingSpec")
+_Case = TypeVar("_Case", ChainCase, TreeCase, ServingCase)
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]*")
 _REQUEST_FIELDS = tuple(field.name for field in dataclasses.fields(Request))
 _REQUIRED = object()
@@ -259,9 +261,6 @@ class ChainSpec:
     dtype: str
     seed: int
 
-    def build(self) -> ChainCase:
-        """The :class:`ChainCase` (cached: the same object for equal tables)."""
-        return _build_chain(self)
 
 
 @dataclass(frozen=True)
@@ -292,9 +291,6 @@ class TreeSpec:
     dtype: str
     seed: int
 
-    def build(self) -> TreeCase:
-        """The :class:`TreeCase` (cached)."""
-        return _build_tree(self)
 
 
 @dataclass(frozen=True)
@@ -339,9 +335,6 @@ class ServingSpec:
     seed: int
     rows: tuple[ServingRowSpec, ...]
 
-    def build(self) -> ServingCase:
-        """The :class:`ServingCase` (cached)."""
-        return _build_serving(self)
 
 
 @dataclass(frozen=True)
@@ -368,16 +361,27 @@ class CaseFile:
         return tuple(spec.case_id for spec in self.specs)
 
     def chain_cases(self) -> list[ChainCase]:
-        """The chain cases, built."""
-        return [spec.build() for spec in self.chain]
+        """The chain cases, built.
+
+        Raises:
+            CaseFileError: a case its builder refuses (rows that do not survive the cast to
+                bfloat16, say), naming the table.
+        """
+        return [self._built(spec, _build_chain) for spec in self.chain]
 
     def tree_cases(self) -> list[TreeCase]:
-        """The tree cases, built."""
-        return [spec.build() for spec in self.tree]
+        """The tree cases, built (errors as :meth:`chain_cases`)."""
+        return [self._built(spec, _build_tree) for spec in self.tree]
 
     def serving_cases(self) -> list[ServingCase]:
-        """The serving cases, built."""
-        return [spec.build() for spec in self.serving]
+        """The serving cases, built (errors as :meth:`chain_cases`)."""
+        return [self._built(spec, _build_serving) for spec in self.serving]
+
+    def _built(self, spec: _Spec, build: Callable[[_Spec], _Case]) -> _Case:
+        try:
+            return build(spec)
+        except ValueError as error:
+            raise CaseFileError(self.path, spec.where, "", f"cannot be built: {error}") from error
 
     def check_reserved(self, reserved: Collection[str]) -> None:
         """Refuse ids that name a battery case or an end-to-end target (``--case`` selects by

@@ -40,8 +40,8 @@ _DESIGN_OPTIONS = (
         "cases",
         multiple=True,
         metavar="CASE",
-        help="Run only this battery case or end-to-end target (repeatable); see "
-        "'losslessness list'.",
+        help="Run only this battery case, --case-file case or end-to-end target "
+        "(repeatable); see 'losslessness list'.",
     ),
     click.option(
         "--only",
