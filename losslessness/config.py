@@ -9,6 +9,7 @@ One :class:`RunConfig` serves the audit (a one-shard run of the CI plan's steps)
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,19 +54,27 @@ CLI_FLAGS = {
     "vocab_size": "--vocab-size",
     "batch_size": "--batch-size",
     "dtype": "--dtype",
+    "case_file": "--case-file",
 }
 """The command-line flag that sets each :class:`RunConfig` field (the validation errors name
 the field; the commands report the flag, :func:`flag_of_error`)."""
 
 
-def flag_of_error(message: str) -> tuple[str | None, str]:
-    """Split a :class:`RunConfig` validation message (``"field: what is wrong"``) into the
-    command-line flag of its field (None when the field has no flag) and the rest, with every
-    other field name it mentions replaced by its flag."""
+def flag_of_error(
+    message: str, flags: Mapping[str, str] = CLI_FLAGS
+) -> tuple[str | None, str]:
+    """Split a :class:`RunConfig` validation or planning message (``"field: what is wrong"``)
+    into the command-line flag of its field (None when the field has no flag in ``flags``) and
+    the rest, with every other field name it mentions replaced by its flag.
+
+    Args:
+        message: the error's text. flags: field -> flag (:data:`CLI_FLAGS`, or a command's
+            own where it differs).
+    """
     field_name, separator, rest = message.partition(": ")
-    flag = CLI_FLAGS.get(field_name) if separator else None
+    flag = flags.get(field_name) if separator else None
     text = rest if flag is not None else message
-    for name, other in CLI_FLAGS.items():
+    for name, other in flags.items():
         text = text.replace(f"with {name} ", f"with {other} ")
     return flag, text
 
@@ -172,6 +181,10 @@ class RunConfig(RunDesign):
             and trees per call of every tree case (``--batch-size``); None: each case's own.
         dtype: the input dtype of every chain case (``--dtype``, a key of
             :data:`losslessness.cases.CHAIN_INPUT_DTYPES`); None: each case's own.
+        case_file: the path of a TOML case file whose chain, tree and serving cases the run
+            adds to the battery's (``--case-file``, docs/case-file.md,
+            :mod:`losslessness.batteries.case_file`); None: the battery alone. The plan reads
+            it (each shard process again) and carries its cases by value.
         dropped_cases: cases the time budget's fit dropped as too slow (set by the fit, never
             by a user): the planned assertions did not all run, so no target can be LOSSLESS
             (:func:`losslessness.results.design_shortfalls`).
@@ -198,6 +211,7 @@ class RunConfig(RunDesign):
     vocab_size: int | None = None
     batch_size: int | None = None
     dtype: str | None = None
+    case_file: str | None = None
     dropped_cases: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -237,6 +251,8 @@ class RunConfig(RunDesign):
             raise ValueError(
                 f"dtype: must be one of {', '.join(CHAIN_INPUT_DTYPES)}, got {self.dtype!r}"
             )
+        if self.case_file is not None and not self.case_file:
+            raise ValueError("case_file: must be a path, got an empty string")
         if self.device not in DEVICES:
             raise ValueError(f"device: must be one of {DEVICES}, got {self.device!r}")
         if self.suite_profile not in SUITE_PROFILES:

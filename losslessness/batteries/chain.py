@@ -25,7 +25,7 @@ BATTERY_SEED = 20221130
 the greedy battery (:mod:`losslessness.batteries.greedy`) uses ``BATTERY_SEED + 1``."""
 
 
-def _case(
+def chain_case(
     case_id: str,
     regime: str,
     target: list[list[np.ndarray]],
@@ -34,6 +34,20 @@ def _case(
     call_batch_size: int | None = None,
     dtype: str = "float64",
 ) -> ChainCase:
+    """A chain case from its rows, its summary stating V, k, the regime, the range of TV(p, q)
+    over its positions, its row types and its call conditions (the battery's and a case
+    file's cases are built here).
+
+    Args:
+        case_id: the case's id. regime: words for the summary.
+        target: R row types, each k+1 ``[V]`` float64 rows (normalised here).
+        draft: R row types, each k ``[V]`` float64 rows (normalised here).
+        tags: regime labels. call_batch_size: rows per call, or None.
+        dtype: a key of :data:`losslessness.cases.CHAIN_INPUT_DTYPES`.
+
+    Raises:
+        InvalidInputError: rows that do not form chain inputs (:class:`ChainCase`).
+    """
     target_probs = torch.stack([probs_tensor(rows) for rows in target])
     draft_probs = torch.stack([probs_tensor(rows) for rows in draft])
     k = draft_probs.shape[1]
@@ -67,7 +81,7 @@ def _default_chain_battery() -> tuple[ChainCase, ...]:
 
     cases = []
     cases.append(
-        _case(
+        chain_case(
             "v2-tilted",
             "dense",
             [[np.array([0.3, 0.7]), np.array([0.6, 0.4]), np.array([0.45, 0.55])]],
@@ -76,7 +90,7 @@ def _default_chain_battery() -> tuple[ChainCase, ...]:
         )
     )
     cases.append(
-        _case(
+        chain_case(
             "v2-skewed",
             "tiny masses",
             [[np.array([0.004, 0.996]), np.array([0.99, 0.01])]],
@@ -85,7 +99,7 @@ def _default_chain_battery() -> tuple[ChainCase, ...]:
         )
     )
     cases.append(
-        _case(
+        chain_case(
             "v8-far",
             "dense, q far from p",
             [[dirichlet(8, 2.0) for _ in range(2)]],
@@ -95,7 +109,7 @@ def _default_chain_battery() -> tuple[ChainCase, ...]:
     )
     p16 = [dirichlet(16, 2.0) for _ in range(5)]
     cases.append(
-        _case(
+        chain_case(
             "v16-near-k4",
             "dense, q near p",
             [p16],
@@ -119,7 +133,7 @@ def _default_chain_battery() -> tuple[ChainCase, ...]:
         )
         q[int(np.argmax(p))] += 0.05
         q64.append(q)
-    cases.append(_case("v64-zeros", "exact zeros in p and in q", [p64], [q64], {"zeros"}))
+    cases.append(chain_case("v64-zeros", "exact zeros in p and in q", [p64], [q64], {"zeros"}))
 
     def peaked(vocab: int, temperature: float) -> tuple[np.ndarray, np.ndarray]:
         logits = rng.standard_normal(vocab)
@@ -129,7 +143,7 @@ def _default_chain_battery() -> tuple[ChainCase, ...]:
     # 1e-3; the draft is the same logits, perturbed, at a slightly higher temperature.
     peaked_rows = [peaked(1000, 0.25) for _ in range(3)]
     cases.append(
-        _case(
+        chain_case(
             "v1000-peaked",
             "peaked (low temperature), q a perturbed temperature",
             [[probs for _, probs in peaked_rows]],
@@ -144,7 +158,7 @@ def _default_chain_battery() -> tuple[ChainCase, ...]:
     )
     p4096 = [dirichlet(4096, 200.0) for _ in range(2)]
     cases.append(
-        _case(
+        chain_case(
             "v4096-flat",
             "flat",
             [p4096],
@@ -158,7 +172,7 @@ def _default_chain_battery() -> tuple[ChainCase, ...]:
         mixed_target.append(ps)
         mixed_draft.append([mix(p, dirichlet(32, concentration), weight) for p in ps[:2]])
     cases.append(
-        _case(
+        chain_case(
             "v32-mixed-batch",
             "different rows in one batch",
             mixed_target,
@@ -168,7 +182,7 @@ def _default_chain_battery() -> tuple[ChainCase, ...]:
     )
     p300 = [dirichlet(300, 0.1), dirichlet(300, 0.1)]
     cases.append(
-        _case(
+        chain_case(
             "v300-far-k1",
             "sparse Dirichlet(0.1), q far from p",
             [p300],
@@ -178,7 +192,7 @@ def _default_chain_battery() -> tuple[ChainCase, ...]:
     )
     half = np.concatenate([np.ones(8), np.zeros(8)])
     cases.append(
-        _case(
+        chain_case(
             "edge-disjoint",
             "disjoint supports",
             [[half * dirichlet(16, 1.0) for _ in range(3)]],
@@ -188,7 +202,7 @@ def _default_chain_battery() -> tuple[ChainCase, ...]:
     )
     hot_tokens = rng.choice(32, size=4, replace=False)
     cases.append(
-        _case(
+        chain_case(
             "edge-one-hot",
             "one-hot p",
             [[np.eye(32)[token] for token in hot_tokens]],
@@ -198,7 +212,7 @@ def _default_chain_battery() -> tuple[ChainCase, ...]:
     )
     same = [dirichlet(32, 1.0) for _ in range(3)]
     cases.append(
-        _case(
+        chain_case(
             "edge-p-equals-q",
             "p == q",
             [[*same, dirichlet(32, 1.0)]],
@@ -213,7 +227,7 @@ def _default_chain_battery() -> tuple[ChainCase, ...]:
     # are kept to the fewest steps the design allows.
     p_b1 = [dirichlet(8, 1.0) for _ in range(2)]
     cases.append(
-        _case(
+        chain_case(
             "v8-b1",
             "dense, q far from p, one row per call",
             [p_b1],
@@ -224,7 +238,7 @@ def _default_chain_battery() -> tuple[ChainCase, ...]:
     )
     distinct_target = [[dirichlet(8, 1.0) for _ in range(2)] for _ in range(4)]
     cases.append(
-        _case(
+        chain_case(
             "v8-distinct-b4",
             "four distinct rows in every call",
             distinct_target,
@@ -237,7 +251,7 @@ def _default_chain_battery() -> tuple[ChainCase, ...]:
     # tests at V = 128-256 cost the default audit about a minute per worker target.
     float32_rows = [peaked(16, 0.5) for _ in range(4)]
     cases.append(
-        _case(
+        chain_case(
             "v16-float32",
             "peaked, q a perturbed temperature, float32 inputs",
             [[probs for _, probs in float32_rows]],
@@ -253,7 +267,7 @@ def _default_chain_battery() -> tuple[ChainCase, ...]:
     )
     p_bf16 = [dirichlet(16, 1.0) for _ in range(3)]
     cases.append(
-        _case(
+        chain_case(
             "v16-bfloat16",
             "dense, bfloat16 inputs",
             [p_bf16],
@@ -299,7 +313,7 @@ def chain_battery_at_vocab(vocab_size: int) -> tuple[ChainCase, ...]:
         logits = LOGIT_SCALE * rng.standard_normal((k + 1, vocab_size))
         drafts = logits[:k] + noise * rng.standard_normal((k, vocab_size))
         tags = {"lm-like", "near" if noise < 1 else "far"}
-        return _case(
+        return chain_case(
             f"v{vocab_size}-lm-{regime}-k{k}",
             f"LM-like softmax of random logits, q {regime} p",
             [[softmax(row) for row in logits]],

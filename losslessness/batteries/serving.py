@@ -24,7 +24,12 @@ import torch
 from losslessness.cases import ServingCase, ServingRow
 from losslessness.requests import Request
 
-__all__ = ["SERVING_BATTERY_SEED", "SERVING_CI_MAX_STEPS", "default_serving_battery"]
+__all__ = [
+    "SERVING_BATTERY_SEED",
+    "SERVING_CI_MAX_STEPS",
+    "ServingDraws",
+    "default_serving_battery",
+]
 
 SERVING_BATTERY_SEED = 20_211
 """Seed of every serving case's logits and draft laws."""
@@ -42,11 +47,16 @@ _K = 3
 _V = 16
 
 
-class _Draws:
-    """The battery's deterministic logits and draft laws."""
+class ServingDraws:
+    """Deterministic logits and draft laws of serving rows (the battery's, and a case file's
+    from its own seed), each draw advancing one seeded generator.
 
-    def __init__(self) -> None:
-        self.generator = torch.Generator().manual_seed(SERVING_BATTERY_SEED)
+    Args:
+        seed: the generator's seed (the battery's: :data:`SERVING_BATTERY_SEED`).
+    """
+
+    def __init__(self, seed: int = SERVING_BATTERY_SEED) -> None:
+        self.generator = torch.Generator().manual_seed(seed)
 
     def logits(self, vocab: int = _V, k: int = _K, scale: float = 1.5) -> torch.Tensor:
         """``[k+1, V]`` float64 Gaussian logits times ``scale``."""
@@ -69,17 +79,18 @@ class _Draws:
         logits = self.logits(vocab, k, scale)
         return ServingRow(label, logits, request, drafts, self.draft(logits, support))
 
-    def fixed_row(self, label: str, request: Request, drafts: int) -> ServingRow:
+    def fixed_row(self, label: str, request: Request, drafts: int, vocab: int = _V, k: int = _K,
+                  scale: float = 1.5) -> ServingRow:
         """A row without draft probabilities: its drafts are the target's top tokens at each
         position (what a good n-gram or greedy EAGLE drafter proposes), shifted by one at every
         other position so that some are rejected."""
-        logits = self.logits()
+        logits = self.logits(vocab, k, scale)
         tokens = [int(torch.argsort(logits[i], descending=True)[i % 2]) for i in range(drafts)]
         return ServingRow(label, logits, request, drafts, None, tuple(tokens))
 
 
 def _cases() -> list[ServingCase]:
-    d = _Draws()
+    d = ServingDraws()
     cases = [
         ServingCase(
             "serving-b1",

@@ -20,7 +20,13 @@ import click
 from rich.console import Console
 
 from losslessness.adapters import Adapter
-from losslessness.commands.options import build_config, check_output_file, design_options
+from losslessness.commands.options import (
+    TARGET_ARGUMENT_FLAGS,
+    build_config,
+    check_output_file,
+    design_options,
+    usage_error,
+)
 from losslessness.commands.signals import handles_signals
 from losslessness.config import RunConfig
 from losslessness.engine import run_audit
@@ -214,7 +220,7 @@ def audit_command(
                 shard_runner=functools.partial(run_child_shard, config, names),
             )
     except ValueError as error:
-        raise click.UsageError(str(error)) from error
+        raise usage_error(error, TARGET_ARGUMENT_FLAGS) from error
     if json_path:
         # The record first: printing can fail (a closed pipe), the JSON must not be lost.
         write_json(result, json_path)

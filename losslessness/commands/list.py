@@ -1,5 +1,5 @@
 """``losslessness list``: registered adapters (with the installed version of the engine each
-wraps), checks, the battery's cases and the mutant zoo."""
+wraps), checks, the battery's cases, a case file's cases and the mutant zoo."""
 
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ from losslessness.batteries import (
     default_greedy_tree_battery,
     default_tree_battery,
 )
+from losslessness.batteries.case_file import read_case_file
+from losslessness.cases import ChainCase, ServingCase, TreeCase
 from losslessness.checks import ALL_CHECK_IDS
 from losslessness.targets import registered_adapters
 from losslessness.zoo import MUTANTS
@@ -58,11 +60,48 @@ def engine_version(distribution: str) -> str:
         return f"{distribution} {NOT_INSTALLED}"
 
 
+def case_file_table(path: str) -> Table:
+    """The cases of a case file (``list --case-file``): id, protocol, summary and hash, each
+    built as a run builds it.
+
+    Raises:
+        click.BadParameter: an invalid file, naming ``--case-file``, the table and the field.
+    """
+    try:
+        file = read_case_file(path)
+        built: list[tuple[str, ChainCase | TreeCase | ServingCase]] = [
+            *(("chain", case) for case in file.chain_cases()),
+            *(("tree", case) for case in file.tree_cases()),
+            *(("serving", case) for case in file.serving_cases()),
+        ]
+    except ValueError as error:
+        raise click.BadParameter(
+            str(error).removeprefix("case_file: "), param_hint="--case-file"
+        ) from error
+    table = Table(title=f"cases of {path}", title_justify="left")
+    for column in ("case", "protocol", "summary", "hash"):
+        table.add_column(column)
+    for protocol, case in built:
+        table.add_row(case.case_id, protocol, case.summary, case.case_hash)
+    return table
+
+
 @click.command(name="list")
-def list_command() -> None:
+@click.option(
+    "--case-file",
+    "case_file",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    metavar="FILE.toml",
+    help="Also list the cases of this case file (docs/case-file.md).",
+)
+def list_command(case_file: str | None) -> None:
     """List registered adapters (and the installed version of each engine they wrap), checks,
-    the battery's cases and the mutant zoo."""
+    the battery's cases, a case file's cases (--case-file) and the mutant zoo."""
     console = Console()
+    if case_file is not None:
+        # Refused before anything is printed, like a run's --case-file.
+        file_cases = case_file_table(case_file)
     adapters = Table(
         title="adapters (entry-point group losslessness.adapters)", title_justify="left"
     )
@@ -93,6 +132,8 @@ def list_command() -> None:
             greedy_tree.case_id, "greedy-tree", greedy_tree.summary, greedy_tree.case_hash
         )
     console.print(cases)
+    if case_file is not None:
+        console.print(file_cases)
     zoo = Table(title="Mutant zoo (audit as mutant/<name>)", title_justify="left")
     zoo.add_column("name", no_wrap=True)
     zoo.add_column("kind")

@@ -42,7 +42,12 @@ import click
 from rich.console import Console
 
 from losslessness.commands.audit import report_console
-from losslessness.commands.options import build_config, design_options, prepare_output_folder
+from losslessness.commands.options import (
+    build_config,
+    design_options,
+    prepare_output_folder,
+    usage_error,
+)
 from losslessness.commands.signals import handles_signals
 from losslessness.config import DEVICE_DEFAULTS, DEVICES, SUITE_PROFILES, RunConfig
 from losslessness.engine import (
@@ -291,7 +296,7 @@ def nightly_command(
             in_process=options["in_process"],
         )
     except ValueError as error:
-        raise click.UsageError(str(error)) from error
+        raise usage_error(error) from error
     loaded = {adapter.name for adapter in plan.adapters}
     unknown = [name for name in named_suite if name not in loaded]
     if unknown:

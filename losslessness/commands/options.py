@@ -4,15 +4,16 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
 import click
 
+from losslessness.batteries.case_file import read_case_file
 from losslessness.cases import CHAIN_INPUT_DTYPES
 from losslessness.checks import ALL_CHECK_IDS
-from losslessness.config import DEFAULT_TIMEOUT_S, RunConfig, flag_of_error
+from losslessness.config import CLI_FLAGS, DEFAULT_TIMEOUT_S, RunConfig, flag_of_error
 from losslessness.stats import DEFAULT_FAMILY_WISE_ALPHA
 
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -39,8 +40,8 @@ _DESIGN_OPTIONS = (
         "cases",
         multiple=True,
         metavar="CASE",
-        help="Run only this battery case or end-to-end target (repeatable); see "
-        "'losslessness list'.",
+        help="Run only this battery case, --case-file case or end-to-end target "
+        "(repeatable); see 'losslessness list'.",
     ),
     click.option(
         "--only",
@@ -124,6 +125,15 @@ _DESIGN_OPTIONS = (
         "those of the values it receives).",
     ),
     click.option(
+        "--case-file",
+        "case_file",
+        type=click.Path(exists=True, dir_okay=False),
+        default=None,
+        metavar="FILE.toml",
+        help="Add the chain, tree and serving cases of this TOML file to the battery's, "
+        "planned in the run's one error budget; --case selects among all (docs/case-file.md).",
+    ),
+    click.option(
         "--in-process",
         is_flag=True,
         help="Debugging: run every target in the audit's own process (by default every target "
@@ -150,6 +160,8 @@ def build_config(values: dict[str, Any], **extra: Any) -> RunConfig:
         click.BadParameter: a value out of range, naming its flag (``--alpha``, not the
             config field ``family_wise_alpha``; :data:`~losslessness.config.CLI_FLAGS`).
         click.UsageError: a value out of range whose field has no flag.
+        click.BadParameter: an invalid ``--case-file`` (naming the file, the table and the
+            field).
     """
     known = (*ALL_CHECK_IDS, "edge", "tree")
     for name in values["only"]:
@@ -172,17 +184,41 @@ def build_config(values: dict[str, Any], **extra: Any) -> RunConfig:
         "vocab_size": values["vocab_size"],
         "batch_size": values["batch_size"],
         "dtype": values["dtype"],
+        "case_file": str(Path(values["case_file"]).resolve()) if values["case_file"] else None,
     }
     if values["early_stop"] is not None:
         fields["early_stop"] = values["early_stop"]
     fields.update({key: value for key, value in extra.items() if value is not None})
     try:
-        return RunConfig(**fields)
+        config = RunConfig(**fields)
+        if values["case_file"]:
+            # A bad file is refused before any target loads, named as the user typed it (the
+            # plan reads it again, by its absolute path, which replay lines carry).
+            read_case_file(values["case_file"])
     except ValueError as error:
-        flag, text = flag_of_error(str(error))
-        if flag is None:
-            raise click.UsageError(text) from error
-        raise click.BadParameter(text, param_hint=flag) from error
+        raise usage_error(error) from error
+    return config
+
+
+TARGET_ARGUMENT_FLAGS = {field: flag for field, flag in CLI_FLAGS.items() if field != "targets"}
+"""The flags of ``audit`` and ``plan``, whose targets are arguments (no ``--targets``)."""
+
+
+def usage_error(error: ValueError, flags: Mapping[str, str] = CLI_FLAGS) -> click.UsageError:
+    """The usage error (exit 2) a command raises for a configuration or planning error: a
+    message that starts with a config field (``dtype: ...``, ``cases: ...``, ``case_file:
+    ...``) names the command-line flag the user typed instead (``--dtype``, ``--case``,
+    ``--case-file``; ``flags`` maps fields to flags, :data:`~losslessness.config.CLI_FLAGS`).
+
+    Args:
+        error: the error of :class:`RunConfig`, the planner or a case file.
+        flags: field -> flag of the command (a command whose targets are its arguments maps
+            ``targets`` to none).
+    """
+    flag, text = flag_of_error(str(error), flags)
+    if flag is None:
+        return click.UsageError(text)
+    return click.BadParameter(text, param_hint=flag)
 
 
 def check_output_file(path: Path, flag: str) -> None:

@@ -12,7 +12,12 @@ from rich.table import Table
 from losslessness.checks import STATISTICAL_CHAIN_CHECK_IDS, count_statistical_assertions
 from losslessness.checks.assertions import case_laws, law_is_statistical
 from losslessness.commands.audit import report_console, resolve_named_targets
-from losslessness.commands.options import build_config, design_options
+from losslessness.commands.options import (
+    TARGET_ARGUMENT_FLAGS,
+    build_config,
+    design_options,
+    usage_error,
+)
 from losslessness.engine import RunPlan, plan_run
 from losslessness.stats import identity_minimum_detectable_tv
 from reports.text import terminal_text
@@ -61,7 +66,7 @@ def plan_command(
             config, resolve_named_targets(targets, greedy, in_process=options["in_process"])
         )
     except ValueError as error:
-        raise click.UsageError(str(error)) from error
+        raise usage_error(error, TARGET_ARGUMENT_FLAGS) from error
     record = plan.record
     console = report_console()
     console.print(

@@ -61,6 +61,7 @@ from losslessness.batteries import (
     default_serving_battery,
     default_tree_battery,
 )
+from losslessness.batteries.case_file import CaseFile, read_case_file
 from losslessness.batteries.tree import tree_case_in_dtype, tree_cases_at_vocab
 from losslessness.cases import ChainCase, GreedyCase, GreedyTreeCase, ServingCase, TreeCase
 from losslessness.checks import STATISTICAL_CHAIN_CHECK_IDS, count_statistical_assertions
@@ -543,29 +544,54 @@ def with_call_conditions(cases: Sequence[ChainCase], config: RunConfig) -> list[
     return conditioned
 
 
+def case_file_of(config: RunConfig) -> CaseFile | None:
+    """The run's case file (``--case-file``), read and validated, or None without one.
+
+    Raises:
+        CaseFileError: an unreadable or invalid file (naming ``case_file``, the table and the
+            field).
+    """
+    return None if config.case_file is None else read_case_file(config.case_file)
+
+
 def select_cases(
     config: RunConfig, adapters: Sequence[Adapter] = ()
 ) -> tuple[list[ChainCase], list[GreedyCase], dict[str, list[EndToEndTarget]]]:
-    """The battery's chain and greedy cases and each adapter's end-to-end targets that the run
-    covers (``config.cases`` and ``config.only``).
+    """The battery's chain and greedy cases, the case file's chain cases, and each adapter's
+    end-to-end targets that the run covers (``config.cases`` and ``config.only``).
 
     Raises:
-        ValueError: naming ``cases``: ids that are neither battery cases nor end-to-end targets.
+        ValueError: naming ``cases``: ids that are neither battery cases, case-file cases nor
+            end-to-end targets.
+        CaseFileError: an invalid case file, or one whose ids name battery cases or end-to-end
+            targets (naming ``case_file``).
     """
-    chain = with_call_conditions(
+    file = case_file_of(config)
+    battery = (
         default_chain_battery()
         if config.vocab_size is None
-        else list(chain_battery_at_vocab(config.vocab_size)),
-        config,
+        else list(chain_battery_at_vocab(config.vocab_size))
     )
     greedy = default_greedy_battery()
+    e2e_names = {target.name for adapter in adapters for target in adapter.end_to_end}
+    if file is not None:
+        # Every id --case may name must name one case, whatever the run's conditions.
+        reserved = {case.case_id for case in battery} | {case.case_id for case in greedy}
+        reserved |= {case.case_id for case in default_chain_battery()}
+        reserved |= {case.case_id for case in _tree_battery(config, with_file=False)}
+        reserved |= {case.case_id for case in default_tree_battery()}
+        reserved |= {case.case_id for case in default_greedy_tree_battery()}
+        reserved |= {case.case_id for case in default_serving_battery()}
+        file.check_reserved(reserved | e2e_names | {SEED_CONTRACT_CASE_ID})
+        battery += file.chain_cases()
+    chain = with_call_conditions(battery, config)
     if config.cases:
         known = {case.case_id for case in chain} | {case.case_id for case in greedy}
         known |= {case.case_id for case in _tree_battery(config)}
         known |= {case.case_id for case in default_greedy_tree_battery()}
-        known |= {case.case_id for case in default_serving_battery()}
+        known |= {case.case_id for case in _serving_battery(config)}
         known.add(SEED_CONTRACT_CASE_ID)
-        known |= {target.name for adapter in adapters for target in adapter.end_to_end}
+        known |= e2e_names
         unknown = sorted(set(config.cases) - known)
         if unknown:
             raise ValueError(f"cases: unknown case ids {unknown}; known: {sorted(known)}")
@@ -587,15 +613,18 @@ def select_cases(
     return chain, greedy, end_to_end
 
 
-def _tree_battery(config: RunConfig) -> list[TreeCase]:
-    """The sampled tree cases under the run's conditions: rebuilt at ``--vocab-size``, p and q
-    in float32 under ``--dtype float32`` (ids suffixed ``-float32``), ``--batch-size`` trees
-    per call."""
+def _tree_battery(config: RunConfig, with_file: bool = True) -> list[TreeCase]:
+    """The sampled tree cases under the run's conditions: the battery's (rebuilt at
+    ``--vocab-size``) and, ``with_file``, the case file's; p and q in float32 under ``--dtype
+    float32`` (ids suffixed ``-float32``), ``--batch-size`` trees per call."""
     tree = (
         default_tree_battery()
         if config.vocab_size is None
         else tree_cases_at_vocab(config.vocab_size)
     )
+    file = case_file_of(config) if with_file else None
+    if file is not None:
+        tree += file.tree_cases()
     if config.dtype == "float32":
         tree = [tree_case_in_dtype(case, torch.float32) for case in tree]
     if config.batch_size is not None:
@@ -609,11 +638,18 @@ def _tree_battery(config: RunConfig) -> list[TreeCase]:
     return tree
 
 
+def _serving_battery(config: RunConfig) -> list[ServingCase]:
+    """The serving battery's cases and the case file's."""
+    file = case_file_of(config)
+    return default_serving_battery() + ([] if file is None else file.serving_cases())
+
+
 def select_tree_cases(config: RunConfig) -> tuple[list[TreeCase], list[GreedyTreeCase]]:
-    """The tree battery's tree and greedy tree cases the run covers (``config.cases`` and
-    ``config.only``); under ``--vocab-size`` the sampled tree shapes rebuilt at that V
-    (:func:`~losslessness.batteries.tree.tree_cases_at_vocab`), under ``--dtype float32`` their
-    p and q given in float32, under ``--batch-size`` that many trees per call. Unknown ids are
+    """The tree battery's and the case file's tree cases and the greedy tree cases the run
+    covers (``config.cases`` and ``config.only``); under ``--vocab-size`` the battery's sampled
+    tree shapes rebuilt at that V (:func:`~losslessness.batteries.tree.tree_cases_at_vocab`),
+    under ``--dtype float32`` every tree case's p and q given in float32 (the file's too), under
+    ``--batch-size`` that many trees per call. Unknown ids are
     :func:`select_cases`'s to reject.
 
     Raises:
@@ -633,9 +669,10 @@ def select_tree_cases(config: RunConfig) -> tuple[list[TreeCase], list[GreedyTre
 
 
 def select_serving_cases(config: RunConfig) -> list[ServingCase]:
-    """The serving battery's cases the run covers (``config.cases`` and ``config.only``);
-    unknown ids are :func:`select_cases`'s to reject."""
-    cases = default_serving_battery()
+    """The serving battery's and the case file's serving cases the run covers
+    (``config.cases`` and ``config.only``); unknown ids are :func:`select_cases`'s to
+    reject."""
+    cases = _serving_battery(config)
     if config.cases:
         cases = [case for case in cases if case.case_id in config.cases]
     if not any(config.selects(check_id) for check_id in SERVING_CHECK_IDS):
@@ -908,6 +945,7 @@ __all__ = [
     "Unit",
     "UnitKind",
     "WarmUp",
+    "case_file_of",
     "end_to_end_check_ids",
     "load_device_checks",
     "make_plan",

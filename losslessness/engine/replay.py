@@ -4,6 +4,7 @@ recomputed.
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Mapping, Sequence
 
 from losslessness.checks.ids import (
@@ -57,6 +58,9 @@ def replay_command(plan: PlanRecord, check: CheckResult, greedy: bool = False) -
         command += f" --batch-size {config.batch_size}"
     if config.dtype is not None:
         command += f" --dtype {config.dtype}"
+    if config.case_file is not None:
+        # The file the run's own cases came from (its ids are known to --case only with it).
+        command += f" --case-file {shlex.quote(config.case_file)}"
     tree_grid = plan.tree_cases.get(check.case_id)
     steps = (
         check.details.get("steps", grid.n_steps) if grid is not None
