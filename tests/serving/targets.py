@@ -55,3 +55,65 @@ def seeded_from_shared_stream(
 
 
 seeded_from_shared_stream.engine_profile = PROFILE_NAME  # type: ignore[attr-defined]
+
+
+def exits_at_batch_of_one(
+    target_logits: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    draft_token_ids: torch.Tensor,
+    num_draft_tokens: torch.Tensor,
+    requests: tuple[Request, ...],
+    generator: torch.Generator,
+) -> torch.Tensor:
+    """Hostile: the process exits (no exception, no output) on a batch of one request; the
+    reference otherwise."""
+    if target_logits.shape[0] == 1:
+        import os
+
+        os._exit(3)
+    return reference(
+        target_logits, draft_probs, draft_token_ids, num_draft_tokens, requests, generator
+    )
+
+
+exits_at_batch_of_one.engine_profile = PROFILE_NAME  # type: ignore[attr-defined]
+
+
+def hangs_at_batch_of_one(
+    target_logits: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    draft_token_ids: torch.Tensor,
+    num_draft_tokens: torch.Tensor,
+    requests: tuple[Request, ...],
+    generator: torch.Generator,
+) -> torch.Tensor:
+    """Hostile: never returns on a batch of one request (a sleep no Python signal reaches in
+    time); the reference otherwise."""
+    if target_logits.shape[0] == 1:
+        import time
+
+        time.sleep(3600)
+    return reference(
+        target_logits, draft_probs, draft_token_ids, num_draft_tokens, requests, generator
+    )
+
+
+hangs_at_batch_of_one.engine_profile = PROFILE_NAME  # type: ignore[attr-defined]
+
+
+def drops_the_last_column(
+    target_logits: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    draft_token_ids: torch.Tensor,
+    num_draft_tokens: torch.Tensor,
+    requests: tuple[Request, ...],
+    generator: torch.Generator,
+) -> torch.Tensor:
+    """Hostile: lies about its output's shape, [B, k] instead of [B, k+1]."""
+    out = reference(
+        target_logits, draft_probs, draft_token_ids, num_draft_tokens, requests, generator
+    )
+    return out[:, :-1]
+
+
+drops_the_last_column.engine_profile = PROFILE_NAME  # type: ignore[attr-defined]

@@ -5,7 +5,9 @@ its attribute or by ``--engine-profile``."""
 from __future__ import annotations
 
 import dataclasses
+import re
 
+import pytest
 from click.testing import CliRunner
 
 from losslessness.cli import main
@@ -77,3 +79,40 @@ def test_serving_case_with_a_field_the_profile_lacks_is_not_applicable() -> None
     checks = result.targets[0].checks
     assert checks and all(c.verdict is Verdict.SKIPPED for c in checks)
     assert all(c.message.startswith("not applicable: ") for c in checks)
+
+
+@pytest.mark.parametrize("target", ["exits_at_batch_of_one", "hangs_at_batch_of_one"])
+def test_a_serving_target_that_exits_or_hangs_is_an_error_and_the_rest_still_runs(
+    target: str,
+) -> None:
+    """A serving target in its worker that exits, or hangs past ``--timeout``, on the B = 1
+    case: that case's checks and the seed contract (whose compositions include a request
+    alone) are ERROR naming what happened; the B = 8 case, run by a restarted worker, is
+    still checked and passes; the exit code is 3 (never LOSSY, never IRREPRODUCIBLE)."""
+    small_profile()
+    result = CliRunner().invoke(
+        main,
+        ["audit", "--protocol", "serving", f"tests.serving.targets:{target}", "--case",
+         "serving-b1", "--case", "serving-temperatures", "--steps", "200", "--timeout", "5",
+         "--no-progress"],
+    )
+    assert result.exit_code == 3, result.output
+    assert "IRREPRODUCIBLE" not in result.output and "LOSSY" not in result.output
+    assert re.search(r"ERROR +tests\.serving\.targets:" + target, result.output), result.output
+    word = "exited" if target.startswith("exits") else "timed out|took longer|hung"
+    assert re.search(word, result.output), result.output
+    assert re.search(r"serving\.law +│ serving-temperatures\S* +│.*│ PASS", result.output), (
+        result.output
+    )
+
+
+def test_a_serving_target_that_lies_about_its_output_shape_is_lossy_at_structure() -> None:
+    """[B, k] returned for [B, k+1]: LOSSY at serving.structure (exit 1), not a crash."""
+    small_profile()
+    result = CliRunner().invoke(
+        main,
+        ["audit", "--protocol", "serving", "tests.serving.targets:drops_the_last_column",
+         "--case", "serving-temperatures", "--steps", "100", "--no-progress"],
+    )
+    assert result.exit_code == 1, result.output
+    assert re.search(r"serving\.structure.*LOSSY", result.output), result.output
