@@ -13,6 +13,7 @@ from losslessness.batteries import (
     default_chain_battery,
     default_greedy_battery,
     default_greedy_tree_battery,
+    default_serving_battery,
     default_tree_battery,
 )
 from losslessness.batteries.case_file import read_case_file
@@ -131,6 +132,8 @@ def list_command(case_file: str | None) -> None:
         cases.add_row(
             greedy_tree.case_id, "greedy-tree", greedy_tree.summary, greedy_tree.case_hash
         )
+    for serving_case in default_serving_battery():
+        cases.add_row(serving_case.case_id, "serving", serving_case.summary, serving_case.case_hash)
     console.print(cases)
     if case_file is not None:
         console.print(file_cases)

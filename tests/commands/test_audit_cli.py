@@ -236,11 +236,17 @@ def test_plan_prints_exactly_what_the_audit_then_does(tmp_path: Path) -> None:
 
 
 def test_list_shows_adapters_and_cases() -> None:
-    """``losslessness list`` shows the registered adapters and the battery."""
-    result = run_cli("list")
+    """``losslessness list`` shows the registered adapters and the battery, its serving
+    cases included (every one, with its protocol)."""
+    from losslessness.batteries import default_serving_battery
+
+    result = CliRunner().invoke(main, ["list"], terminal_width=250)
     assert result.exit_code == 0
     for name in ("reference", "transformers", "v4096-flat", "greedy-v8-ties"):
         assert name in result.output
+    for case in default_serving_battery():
+        assert re.search(rf"│ {re.escape(case.case_id)} +│ serving +│", result.output), case
+
 
 
 def test_audit_help_names_every_default_target() -> None:
