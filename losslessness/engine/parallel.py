@@ -1,22 +1,25 @@
 """An audit's shards in parallel processes on one machine (``losslessness audit --jobs N``).
 
 The run's unit grid does not depend on how it is split (:mod:`losslessness.engine.plan`), so
-shards ``0/N .. N-1/N`` run side by side merge to the one-process run count for count
-(:func:`losslessness.engine.finish.finish_run`): this module only places them. Shard 0 runs
-in the calling process with the targets it already resolved (its progress is the one shown);
-shards ``1..N-1`` each run in a child process started with ``spawn`` (a fresh interpreter:
-nothing of the parent's torch or target state is shared), which resolves and plans the run
-again through the caller's :data:`ShardRunner` and sends its
-:class:`~losslessness.engine.shards.ShardResult` back through a pipe.
+shards ``i/M`` run anywhere merge to the one-process run count for count
+(:func:`losslessness.engine.finish.finish_run`): this module only places them. The calling
+process and ``N - 1`` child processes (started with ``spawn``: fresh interpreters sharing none
+of the parent's torch or target state) take the ``M = 4N`` shards one at a time from a shared
+counter, so a process whose shards were cheap takes more. The calling process runs them with
+the targets it already resolved; a child resolves and plans the run again through the caller's
+:data:`ShardRunner` and sends each finished :class:`~losslessness.engine.shards.ShardResult`
+back through a pipe.
 
 What a careful operator would want, and what this module does:
 
-- A child that crashes, exits or raises before sending its result, or whose plan differs from
-  the parent's (a target that loads in one process and not the other), costs only its own
-  units: each is recorded as ERROR with the reason, and every other shard's results stand.
+- A child that crashes, exits or raises, or whose plan differs from the parent's (a target
+  that loads in one process and not the other), costs only the shard it was running (or all
+  of its shards, for a different plan): their units are recorded as ERROR with the reason, and
+  every other shard's results stand.
 - An interruption of the parent (Ctrl-C or SIGTERM, :mod:`losslessness.engine.interrupts`)
   is passed on to each child as SIGTERM, which the child turns into the same interruption: it
-  keeps what finished and records the rest INCOMPLETE, as one process would. A child ignores
+  keeps what finished and records the rest INCOMPLETE, as one process would; shards no
+  process took are INCOMPLETE too. A child ignores
   SIGINT itself (a terminal's Ctrl-C reaches the whole process group; the parent decides).
 - Children die with the parent (``PR_SET_PDEATHSIG`` where Linux has it); no process outlives
   the call.
@@ -57,6 +60,11 @@ MIN_PARALLEL_STEPS = 100_000
 interpreter importing torch, then its own target workers) takes about 5-10 s of CPU on two
 cores, more than a run this small saves (the reference verifies about 10^5 steps per second)."""
 
+SHARDS_PER_JOB = 4
+"""Shards per process: the processes take them one at a time, so one that drew cheap units
+takes more and the run ends nearly together (static halves left one core idle for a minute of
+the default audit: one end-to-end target's units landed on one side)."""
+
 CHILD_GRACE_S = 60.0
 """Seconds an interrupted child has, after SIGTERM, to send the results it finished before it
 is killed (a target call in progress may first have to end or time out)."""
@@ -91,22 +99,36 @@ def _die_with_parent() -> None:
             ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-def _child_main(runner: ShardRunner, spec: ShardSpec, connection: Connection) -> None:
-    """A child's body: SIGTERM interrupts its shard (finished units kept), SIGINT is ignored;
-    sends ``("result", ShardResult)`` or ``("error", traceback text)``."""
+def _next_shard(counter: Any, count: int) -> int | None:
+    """Take the next shard index from the shared counter, or None when all are taken."""
+    with counter.get_lock():
+        index = int(counter.value)
+        if index >= count:
+            return None
+        counter.value = index + 1
+    return index
+
+
+def _child_main(runner: ShardRunner, count: int, counter: Any, connection: Connection) -> None:
+    """A child's body: take shards from ``counter`` until none is left, sending
+    ``("result", ShardResult)`` after each (what finished survives a later crash), or
+    ``("error", index, traceback text)``; then ``("done", None)``. SIGTERM interrupts the
+    shard in progress (finished units kept) and takes no more; SIGINT is ignored."""
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(
         signal.SIGTERM,
         lambda signum, frame: interrupts.interrupt(KeyboardInterrupt("SIGTERM from the audit")),
     )
-    try:
-        message: tuple[str, Any] = ("result", runner(spec))
-    except BaseException:
-        message = ("error", traceback.format_exc())
-    # Plain pickle, by value: the multiprocessing pickler would pass tensors as file
-    # descriptors that only a living child can serve.
-    connection.send_bytes(pickle.dumps(message))
+    while interrupts.interrupted() is None and (index := _next_shard(counter, count)) is not None:
+        try:
+            message: tuple[Any, ...] = ("result", runner(ShardSpec(index, count)))
+        except BaseException:
+            message = ("error", index, traceback.format_exc())
+        # Plain pickle, by value: the multiprocessing pickler would pass tensors as file
+        # descriptors that only a living child can serve.
+        connection.send_bytes(pickle.dumps(message))
+    connection.send_bytes(pickle.dumps(("done", None)))
     connection.close()
 
 
@@ -136,50 +158,56 @@ def _was_interrupted(result: ShardResult) -> bool:
     )
 
 
-def _collect(
-    plan: RunPlan, spec: ShardSpec, process: BaseProcess, connection: Connection,
-    interrupted: bool,
-) -> ShardResult:
-    """Wait for a child's message (interrupting it first when the parent was) and turn every
-    way it can fail into ERROR (INCOMPLETE when interrupted) records of its units."""
-    deadline: float | None = None
-    message: tuple[str, Any] | None = None
-    while message is None:
-        if deadline is None and (interrupted or interrupts.interrupted() is not None):
-            # Interrupted before or while waiting: the child keeps what it finished.
-            interrupted = True
-            if process.is_alive():
-                process.terminate()
-            deadline = time.monotonic() + CHILD_GRACE_S
-        wait = 1.0 if deadline is None else max(0.0, min(1.0, deadline - time.monotonic()))
-        if connection.poll(wait):
+class _Child:
+    """One child process, its pipe, and what it has sent."""
+
+    def __init__(self, process: BaseProcess, connection: Connection) -> None:
+        self.process = process
+        self.connection = connection
+        self.results: dict[int, ShardResult] = {}
+        self.errors: dict[int, str] = {}
+        self.done = False
+
+    def read(self, plan: RunPlan, wait: float) -> list[ShardResult]:
+        """Read what the child sent within ``wait`` seconds; returns the new results."""
+        new: list[ShardResult] = []
+        while not self.done and self.connection.poll(wait):
+            wait = 0.0
             try:
-                message = pickle.loads(connection.recv_bytes())
+                message = pickle.loads(self.connection.recv_bytes())
             except (EOFError, OSError):
+                self.done = True
                 break
-        elif not process.is_alive() or (deadline is not None and time.monotonic() > deadline):
-            break
-    if process.is_alive():
-        process.kill()
-    process.join()
-    kind = FailureKind.INCOMPLETE if interrupted else FailureKind.ERROR
-    where = f"audit shard {spec} (a child process)"
-    if message is None:
-        return _failed_shard(
-            plan, spec, kind,
-            f"{where} exited with code {process.exitcode} before returning its results",
-        )
-    tag, value = message
-    if tag == "error":
-        return _failed_shard(plan, spec, kind, f"{where} raised: {value.strip()}")
-    result: ShardResult = value
-    if result.fingerprint != plan.fingerprint:
-        return _failed_shard(
-            plan, spec, FailureKind.ERROR,
-            f"{where} planned a different run (plan {result.fingerprint}, the audit's "
-            f"{plan.fingerprint}): a target loaded differently there",
-        )
-    return result
+            if message[0] == "done":
+                self.done = True
+            elif message[0] == "error":
+                self.errors[message[1]] = message[2].strip()
+            else:
+                result: ShardResult = message[1]
+                if result.fingerprint != plan.fingerprint:
+                    self.errors[result.shard.index] = (
+                        f"planned a different run (plan {result.fingerprint}, the audit's "
+                        f"{plan.fingerprint}): a target loaded differently there"
+                    )
+                else:
+                    self.results[result.shard.index] = result
+                    new.append(result)
+        return new
+
+    def finish(self, plan: RunPlan, interrupted: bool) -> None:
+        """Wait for the child's last message (after SIGTERM, at most :data:`CHILD_GRACE_S`),
+        then make sure it is gone."""
+        if interrupted and self.process.is_alive():
+            self.process.terminate()
+        deadline = time.monotonic() + CHILD_GRACE_S if interrupted else None
+        while not self.done and (deadline is None or time.monotonic() < deadline):
+            self.read(plan, 1.0)
+            if not self.done and not self.process.is_alive() and not self.connection.poll(0):
+                break
+        if self.process.is_alive():
+            self.process.kill()
+        self.process.join()
+        self.connection.close()
 
 
 def run_shards_in_processes(
@@ -189,57 +217,112 @@ def run_shards_in_processes(
     work_dir: str | Path | None = None,
     progress: ProgressCallback | None = None,
 ) -> list[ShardResult]:
-    """Run shards ``0/jobs .. jobs-1/jobs`` of ``plan``: shard 0 here, the others in child
-    processes through ``runner``.
+    """Run ``plan`` as :data:`SHARDS_PER_JOB` x ``jobs`` shards taken, one at a time, by this
+    process and ``jobs - 1`` child processes from a shared counter (a process that finishes
+    early takes more: the shards' costs need not be known).
 
     Args:
-        plan: the run's plan (shard 0 runs it as it is; children plan again and must reach
-            the same fingerprint).
-        jobs: N >= 1 processes (1: just :func:`run_shard` here).
-        runner: runs shard ``i/N`` in a child (:data:`ShardRunner`).
-        work_dir: where shard 0's property-suite units run.
-        progress: shard 0's progress callback.
+        plan: the run's plan (this process runs it as it is; children plan again and must
+            reach the same fingerprint).
+        jobs: N >= 1 processes.
+        runner: runs shard ``i/M`` in a child (:data:`ShardRunner`).
+        work_dir: where this process's property-suite units run.
+        progress: told (steps done, steps planned, label) as this process's shards advance and
+            as the children's shards arrive.
 
     Returns:
-        The N :class:`ShardResult` in shard order, each complete (a failed child's units
-        recorded as ERROR or INCOMPLETE); merge them with
-        :func:`losslessness.engine.finish.finish_run`.
+        One :class:`ShardResult` per shard, in shard order, together covering every unit (a
+        failed child's shards recorded as ERROR, or INCOMPLETE when the run was
+        interrupted); merge them with :func:`losslessness.engine.finish.finish_run`.
 
     Raises:
         ValueError: ``jobs`` below 1.
     """
     if jobs < 1:
         raise ValueError(f"jobs: must be >= 1, got {jobs}")
-    specs = [ShardSpec(index, jobs) for index in range(jobs)]
+    count = max(1, min(SHARDS_PER_JOB * jobs, len(plan.units)))
+    planned = plan.planned_steps(plan.units)
     context = multiprocessing.get_context("spawn")
-    children: list[tuple[ShardSpec, BaseProcess, Connection]] = []
+    counter = context.Value("i", 0)
+    children: list[_Child] = []
+    finished = 0
+    mine: dict[int, ShardResult] = {}
+
+    def tell(done: int, _planned: int, label: str) -> None:
+        if progress is not None:
+            progress(finished + done, planned, label)
+
+    def arrived(results: list[ShardResult]) -> None:
+        nonlocal finished
+        finished += sum(plan.planned_steps(_units_of(plan, r.shard)) for r in results)
+        tell(0, planned, "")
+
     try:
-        for spec in specs[1:]:
+        for _ in range(jobs - 1):
             receive, send = context.Pipe(duplex=False)
             process = context.Process(
-                target=_child_main, args=(runner, spec, send), daemon=True,
-                name=f"losslessness-audit-shard-{spec.index}",
+                target=_child_main, args=(runner, count, counter, send), daemon=True,
+                name="losslessness-audit-shards",
             )
             process.start()
             send.close()
-            children.append((spec, process, receive))
-        mine = run_shard(plan, specs[0], work_dir, progress)
-        interrupted = _was_interrupted(mine) or interrupts.interrupted() is not None
-        return [mine] + [
-            _collect(plan, spec, process, connection, interrupted)
-            for spec, process, connection in children
-        ]
+            children.append(_Child(process, receive))
+        interrupted = False
+        while not interrupted and (index := _next_shard(counter, count)) is not None:
+            spec = ShardSpec(index, count)
+            result = run_shard(plan, spec, work_dir, tell)
+            mine[index] = result
+            finished += plan.planned_steps(_units_of(plan, spec))
+            interrupted = _was_interrupted(result) or interrupts.interrupted() is not None
+            for child in children:
+                arrived(child.read(plan, 0.0))
+        if interrupted:
+            with counter.get_lock():
+                counter.value = count
+        for child in children:
+            interrupted = interrupted or interrupts.interrupted() is not None
+            before = len(child.results)
+            child.finish(plan, interrupted)
+            arrived(list(child.results.values())[before:])
     finally:
-        for _, child, pipe in children:
-            if child.is_alive():
-                child.kill()
-                child.join()
-            pipe.close()
+        for child in children:
+            if child.process.is_alive():
+                child.process.kill()
+                child.process.join()
+    results: list[ShardResult] = []
+    for index in range(count):
+        spec = ShardSpec(index, count)
+        if index in mine:
+            results.append(mine[index])
+            continue
+        found = [child for child in children if index in child.results or index in child.errors]
+        if found and index in found[0].results:
+            results.append(found[0].results[index])
+        elif found:
+            results.append(_failed_shard(
+                plan, spec, FailureKind.ERROR,
+                f"audit shard {spec} (in a child process) raised: {found[0].errors[index]}",
+            ))
+        else:
+            codes = ", ".join(str(child.process.exitcode) for child in children)
+            kind = FailureKind.INCOMPLETE if interrupted else FailureKind.ERROR
+            reason = (
+                INTERRUPTED_MESSAGE if interrupted else
+                f"audit shard {spec} was lost: a child process exited (codes {codes}) before "
+                "returning its results"
+            )
+            results.append(_failed_shard(plan, spec, kind, reason))
+    return results
+
+
+def _units_of(plan: RunPlan, spec: ShardSpec) -> list[Any]:
+    return [unit for unit in plan.units if spec.takes(unit.index)]
 
 
 __all__ = [
     "CHILD_GRACE_S",
     "MIN_PARALLEL_STEPS",
+    "SHARDS_PER_JOB",
     "ShardRunner",
     "available_cpus",
     "parallel_jobs",

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import time
+from typing import Any
 
 import pytest
 
@@ -15,8 +17,7 @@ from losslessness.engine.shards import ShardResult, ShardSpec
 from losslessness.results import Verdict
 
 CASES = ("v2-tilted", "v8-far", "v16-near-k4")
-"""Three battery cases: three units per target, so both shards of two run something (the
-first and third unit in the audit's process, the second in the child)."""
+"""Three battery cases: three units per target, split into one shard per unit."""
 
 
 def _config() -> RunConfig:
@@ -38,6 +39,25 @@ def parallel_from_any_size(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(parallel, "MIN_PARALLEL_STEPS", 0)
 
 
+@pytest.fixture
+def child_takes_shard_1(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """The audit's process leaves shard 1 to the child (it would take every shard of these
+    small plans before a child has started); the list holds True once the child took it."""
+    take = parallel._next_shard
+    handed_over: list[bool] = []
+
+    def leave_shard_1(counter: Any, count: int) -> int | None:
+        deadline = time.monotonic() + 120
+        while counter.value == 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if counter.value > 1 and not handed_over:
+            handed_over.append(True)
+        return take(counter, count)
+
+    monkeypatch.setattr(parallel, "_next_shard", leave_shard_1)
+    return handed_over
+
+
 def _crashing_runner(spec: ShardSpec) -> ShardResult:
     """A child that dies the hard way (no exception to report, no result)."""
     import os
@@ -46,7 +66,7 @@ def _crashing_runner(spec: ShardSpec) -> ShardResult:
 
 
 def test_two_processes_give_the_one_process_audit_count_for_count(
-    parallel_from_any_size: None,
+    parallel_from_any_size: None, child_takes_shard_1: list[bool]
 ) -> None:
     """Shards are placed, not changed: with two processes every check of a chain target in a
     worker and of the in-process reference has the n, p-value and verdict of the
@@ -57,23 +77,26 @@ def test_two_processes_give_the_one_process_audit_count_for_count(
     one = run_audit(names.resolve(), config)
     runner = functools.partial(run_child_shard, config, names)
     two = run_audit(names.resolve(), config, jobs=2, shard_runner=runner)
+    assert child_takes_shard_1 == [True]
     assert _outcome(one) == _outcome(two)
     assert [t.verdict for t in two.targets] == [t.verdict for t in one.targets]
 
 
-def test_a_child_that_dies_costs_only_its_units(parallel_from_any_size: None) -> None:
-    """A child process that exits without a result: its units are ERROR with the exit code
-    named; the units of the audit's own process keep their checks (PASS for the
-    reference)."""
+def test_a_child_that_dies_costs_only_its_units(
+    parallel_from_any_size: None, child_takes_shard_1: list[bool]
+) -> None:
+    """A child process that exits without a result: the shard it took (shard 1/3, the unit of
+    v8-far) is ERROR with the exit code named; the shards the audit's own process took keep
+    their checks (PASS for the reference)."""
     names = TargetNames(("reference",), False, (), (), False, None, None)
     result = run_audit(names.resolve(), _config(), jobs=2, shard_runner=_crashing_runner)
     checks = result.targets[0].checks
     errors = {c.case_id for c in checks if c.verdict is Verdict.ERROR and c.case_id != "run"}
     passed = {c.case_id for c in checks if c.verdict is Verdict.PASS}
-    assert errors == {"v8-far"}, errors
-    assert {"v2-tilted", "v16-near-k4"} <= passed
+    assert child_takes_shard_1 == [True]
+    assert errors == {"v8-far"} and {"v2-tilted", "v16-near-k4"} <= passed, (errors, passed)
     assert all(
-        "exited with code 7" in c.message
+        "a child process exited (codes 7)" in c.message
         for c in checks
         if c.verdict is Verdict.ERROR and c.case_id == "v8-far"
     )
