@@ -86,6 +86,7 @@ from losslessness.adapters.engines import (
     require_parameters,
     version_note,
 )
+from losslessness.adapters.vllm_serving import V1_SERVING_MODULES, VllmV1Serving
 from losslessness.protocol import (
     PLACEHOLDER,
     InvalidInputError,
@@ -528,7 +529,9 @@ V2_OPTIONS = {
 """Model-runner-v2 targets: one per verification option of its ``rejection_sample``."""
 
 
-def _load_v1() -> tuple[str, dict[str, ModuleType]]:
+def _load_v1(serving: bool) -> tuple[str, dict[str, ModuleType]]:
+    """vLLM's version and the v1 modules: the chain adapter's, and with ``serving`` also
+    :data:`~losslessness.adapters.vllm_serving.V1_SERVING_MODULES`."""
     version = prepare_engine(VLLM)
     names = {
         "rejection_sampler": "vllm.v1.sample.rejection_sampler",
@@ -538,6 +541,8 @@ def _load_v1() -> tuple[str, dict[str, ModuleType]]:
         "logits_state": "vllm.v1.sample.logits_processor.state",
         "spec_utils": "vllm.v1.spec_decode.utils",
     }
+    if serving:
+        names.update(V1_SERVING_MODULES)
     modules = {key: import_engine_module(VLLM, version, name) for key, name in names.items()}
     module = modules["rejection_sampler"]
     for name in ("RejectionSampler", "rejection_sample", "generate_uniform_probs"):
@@ -563,17 +568,27 @@ def v1_adapter(name: str) -> Adapter:
     """
     options = V1_OPTIONS[name]
     exclusions, expected, reason = options.declarations()
-    version, modules = _load_v1()
+    serves = options == SamplerOptions()
+    version, modules = _load_v1(serves)
     device = engine_device()
     sampler = VllmV1Sampler(modules, options, device)
+    serving = VllmV1Serving(modules, device) if serves else None
     return Adapter(
         name=name,
         description=f"{version_note(VLLM, version)} v1.sample.rejection_sampler."
         f"RejectionSampler.forward, {options.describe(v2=False)}; {mode_description()}; "
         "target as log p at temperature 1, float32; accept uniforms coupled, recovered and "
-        "bonus tokens (exponential races) tested statistically",
+        "bonus tokens (exponential races) tested statistically"
+        + (
+            "; serving: RejectionSampler.forward on a real InputBatch of the requests (vLLM's "
+            "SamplingMetadata, built-in logits processors, per-request seeded generators)"
+            if serving is not None
+            else ""
+        ),
         chain=sampler,
         greedy=sampler.greedy,
+        serving=serving,
+        engine_profile=None if serving is None else VllmV1Serving.engine_profile,
         exclusions=exclusions,
         expected_verdict=expected,
         expected_reason=reason,
