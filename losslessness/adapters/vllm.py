@@ -47,6 +47,15 @@ are set on the ``RejectionSampler`` instance (the attributes its constructor der
 ``SpeculativeConfig``); its constructor refuses FLy on a CPU *device*, which the interpreter is
 not (the kernels are the CUDA ones, interpreted).
 
+**Serving** (the ``vllm`` target only, engine profile ``vllm-v1``):
+:class:`~losslessness.adapters.vllm_serving.VllmV1Serving` runs ``RejectionSampler.forward`` on
+a real ``InputBatch`` of the requests (vLLM's ``SamplingMetadata``, built-in logits processors,
+per-request seeded generators). vLLM 0.33.0's findings there (that module's docstring): logit
+bias and min-p are dropped on draft positions (vLLM #42744, ``RejectionSampler.
+apply_logits_processors``), and the bonus position's ``MinTokensLogitsProcessor.apply`` counts
+only the committed output, not the accepted drafts. Model runner v2 has no serving verifier
+here yet.
+
 **Model runner v2** (``vllm/v1/worker/gpu/spec_decode/rejection_sampler_utils.py``, called by
 ``rejection_sampler.RejectionSampler._verify``): ``rejection_sample(target_logits,
 draft_logits, draft_sampled, cu_num_logits, pos, idx_mapping, expanded_idx_mapping,

@@ -187,7 +187,9 @@ class VllmV1Serving:
     def _spec_metadata(self, drafts: list[list[int]]) -> Any:
         """``SpecDecodeMetadata`` for rows laid out request by request, bonus row last."""
         spec = self.modules["spec_metadata"].SpecDecodeMetadata.make_dummy(drafts, self.device)
-        target, bonus, start = [], [], 0
+        target: list[int] = []
+        bonus: list[int] = []
+        start = 0
         for row in drafts:
             target.extend(range(start, start + len(row)))
             bonus.append(start + len(row))

@@ -225,7 +225,8 @@ def _seeded_output(serving: Any, neighbours: list[Request], position: int,
     fixed_drafts = torch.tensor([[1, 2, 3]])
     logits, probs, drafts, _ = _batch(requests, [K] * len(requests), generator_seed)
     assert probs is not None
-    logits[position], probs[position], drafts[position] = fixed_logits[0], fixed_q[0], fixed_drafts[0]
+    logits[position], probs[position] = fixed_logits[0], fixed_q[0]
+    drafts[position] = fixed_drafts[0]
     counts = torch.full((len(requests),), K)
     out = serving(logits, probs, drafts, counts, requests,
                   torch.Generator().manual_seed(generator_seed))
@@ -247,3 +248,26 @@ def test_vllm_v1_serving_seeded_row_depends_only_on_its_seed(serving: Any) -> No
         for s in range(8)
     ]
     assert any(not torch.equal(row, alone) for row in reseeded)
+
+
+def test_vllm_v1_serving_bonus_min_tokens_counts_committed_tokens_only(serving: Any) -> None:
+    """vLLM 0.33.0, pinned: at the bonus position ``MinTokensLogitsProcessor.apply`` counts the
+    committed output only, not the accepted drafts. A greedy row with ``min_tokens = 3``, one
+    committed token and three accepted drafts reaches the bonus with 4 tokens emitted, where
+    the profile no longer masks the stop token 0 (its argmax there); vLLM still masks it and
+    emits the runner-up. Control: with ``min_tokens = 1`` (already met) vLLM emits token 0."""
+    logits = torch.zeros(1, K + 1, V)
+    for i in range(K):
+        logits[0, i, 10 + i] = 3.0
+    logits[0, K, 0] = 3.0
+    logits[0, K, 6] = 2.0
+    drafts = torch.tensor([[10, 11, 12]])
+    counts = torch.tensor([K])
+    gen = torch.Generator().manual_seed(0)
+    stop = dict(stop_token_ids=(0,), output_token_ids=(5,), temperature=0.0)
+    masked = serving(logits, None, drafts, counts, [Request(min_tokens=3, **stop)], gen)
+    assert masked[0].tolist() == [10, 11, 12, 6], masked
+    law = get_profile("vllm-v1").law(logits[0, K], Request(min_tokens=3, **stop), [5, 10, 11, 12])
+    assert int(law.argmax()) == 0
+    met = serving(logits, None, drafts, counts, [Request(min_tokens=1, **stop)], gen)
+    assert met[0].tolist() == [10, 11, 12, 0], met
