@@ -4,10 +4,11 @@ A real engine's serving audit is LOSSY wherever the engine's speculative path de
 own non-speculative law: those row kinds are findings about the engine, documented in its
 adapter's docstring, and :data:`EXPECTED_LOSSY` lists them with the mechanism;
 :data:`MAY_BE_LOSSY` lists the kinds the mechanism affects that the run's n need not decide.
-Every other row kind must PASS, and the seed contract must hold. ``python -m tests.adapters.serving_expectations
-RECORD.json ...`` prints, per target and row kind, the verdict with the rows tested at position
-0, the smallest p-value and the minimum detectable TV at position 0, plus the seed-contract
-result, and exits 1 naming every row kind whose verdict is not the expected one.
+Every other row kind must PASS, and the seed contract must hold.
+``python -m tests.adapters.serving_expectations RECORD.json ...`` prints, per target and row
+kind, the verdict with the rows tested at position 0, the smallest p-value and the minimum
+detectable TV at position 0, plus the seed-contract result, and exits 1 naming every row kind
+whose verdict is not the expected one.
 
 A row kind is ``(case id, row label)``; its verdict is LOSSY when any of its checks is LOSSY,
 PASS when all pass, else the first other verdict (ERROR, SKIPPED, ...). Structure checks (one
