@@ -86,12 +86,14 @@ def vllm_sampling_params(params_class: type, request: Request) -> Any:
     them (``_bad_words_token_ids``).
 
     Raises:
-        UnsupportedRequest: a field vLLM cannot take (a seed outside ``[0, 2**63)``, which
-            ``torch.Generator.manual_seed`` would wrap).
+        UnsupportedRequest: a field vLLM cannot take: a seed outside ``[-2**63, 2**64)``,
+            which ``torch.Generator.manual_seed`` (what ``GPUModelRunner._update_states`` seeds
+            a request's generator with) refuses.
     """
-    if request.seed is not None and not 0 <= request.seed < 2**63:
+    if request.seed is not None and not -(2**63) <= request.seed < 2**64:
         raise UnsupportedRequest(
-            f"vllm: seed={request.seed} outside [0, 2**63) (torch.Generator.manual_seed)"
+            f"vllm: seed={request.seed} outside [-2**63, 2**64), which torch.Generator."
+            "manual_seed refuses (GPUModelRunner._update_states seeds the request with it)"
         )
     params = params_class(
         temperature=request.temperature,

@@ -23,7 +23,7 @@ import torch
 
 from losslessness.reference.profiles import get_profile
 from losslessness.reference.serving import ServingReference
-from losslessness.requests import Request
+from losslessness.requests import Request, UnsupportedRequest
 
 
 def _installed(name: str) -> bool:
@@ -271,3 +271,14 @@ def test_vllm_v1_serving_bonus_min_tokens_counts_committed_tokens_only(serving: 
     assert int(law.argmax()) == 0
     met = serving(logits, None, drafts, counts, [Request(min_tokens=1, **stop)], gen)
     assert met[0].tolist() == [10, 11, 12, 0], met
+
+
+def test_vllm_v1_serving_refuses_a_seed_torch_cannot_take(serving: Any) -> None:
+    """A seed outside ``[-2**63, 2**64)`` (``torch.Generator.manual_seed``'s range) raises
+    UnsupportedRequest naming the seed; the largest accepted seed runs (control)."""
+    logits, probs, drafts, n = _batch([Request()], [1], 3)
+    gen = torch.Generator().manual_seed(0)
+    with pytest.raises(UnsupportedRequest, match="seed=18446744073709551616"):
+        serving(logits, probs, drafts, n, [Request(seed=2**64)], gen)
+    out = serving(logits, probs, drafts, n, [Request(seed=2**64 - 1)], gen)
+    assert out.shape == (1, K + 1)
