@@ -16,6 +16,7 @@ from rich.text import Text
 from losslessness.results import (
     AuditResult,
     CheckKind,
+    CheckResult,
     TargetResult,
     TargetVerdict,
     Verdict,
@@ -98,6 +99,16 @@ def format_number(value: float | None, digits: int = 3) -> str:
     return f"{value:.{digits}g}"
 
 
+def _row_suffix(check: CheckResult) -> str:
+    """``[label]`` of a serving row kind (``details["label"]``, what the row is, e.g.
+    ``[top-k 4]``), else ``[row]`` of a case with several row types, else nothing (a check of
+    the whole case, such as its structure)."""
+    label = check.details.get("label")
+    if isinstance(label, str) and label:
+        return f"[{label}]"
+    return f"[{check.row}]" if check.n_rows > 1 and check.row is not None else ""
+
+
 def _table(result: AuditResult, index: int) -> Table:
     target = result.targets[index]
     table = Table(
@@ -123,7 +134,7 @@ def _table(result: AuditResult, index: int) -> Table:
     ):
         table.add_column(column, justify=justify)  # type: ignore[arg-type]
     for check in target.checks:
-        case = terminal_text(check.case_id + (f"[{check.row}]" if check.n_rows > 1 else ""))
+        case = terminal_text(check.case_id + _row_suffix(check))
         underpowered = check.kind is CheckKind.STATISTICAL and (
             check.min_detectable_tv > result.config.tv * 1.0001
         )

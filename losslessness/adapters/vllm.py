@@ -47,6 +47,15 @@ are set on the ``RejectionSampler`` instance (the attributes its constructor der
 ``SpeculativeConfig``); its constructor refuses FLy on a CPU *device*, which the interpreter is
 not (the kernels are the CUDA ones, interpreted).
 
+**Serving** (the ``vllm`` target only, engine profile ``vllm-v1``):
+:class:`~losslessness.adapters.vllm_serving.VllmV1Serving` runs ``RejectionSampler.forward`` on
+a real ``InputBatch`` of the requests (vLLM's ``SamplingMetadata``, built-in logits processors,
+per-request seeded generators). vLLM 0.33.0's findings there (that module's docstring): logit
+bias and min-p are dropped on draft positions (vLLM #42744, ``RejectionSampler.
+apply_logits_processors``), and the bonus position's ``MinTokensLogitsProcessor.apply`` counts
+only the committed output, not the accepted drafts. Model runner v2 has no serving verifier
+here yet.
+
 **Model runner v2** (``vllm/v1/worker/gpu/spec_decode/rejection_sampler_utils.py``, called by
 ``rejection_sampler.RejectionSampler._verify``): ``rejection_sample(target_logits,
 draft_logits, draft_sampled, cu_num_logits, pos, idx_mapping, expanded_idx_mapping,
@@ -86,6 +95,7 @@ from losslessness.adapters.engines import (
     require_parameters,
     version_note,
 )
+from losslessness.adapters.vllm_serving import V1_SERVING_MODULES, VllmV1Serving
 from losslessness.protocol import (
     PLACEHOLDER,
     InvalidInputError,
@@ -528,7 +538,9 @@ V2_OPTIONS = {
 """Model-runner-v2 targets: one per verification option of its ``rejection_sample``."""
 
 
-def _load_v1() -> tuple[str, dict[str, ModuleType]]:
+def _load_v1(serving: bool) -> tuple[str, dict[str, ModuleType]]:
+    """vLLM's version and the v1 modules: the chain adapter's, and with ``serving`` also
+    :data:`~losslessness.adapters.vllm_serving.V1_SERVING_MODULES`."""
     version = prepare_engine(VLLM)
     names = {
         "rejection_sampler": "vllm.v1.sample.rejection_sampler",
@@ -538,6 +550,8 @@ def _load_v1() -> tuple[str, dict[str, ModuleType]]:
         "logits_state": "vllm.v1.sample.logits_processor.state",
         "spec_utils": "vllm.v1.spec_decode.utils",
     }
+    if serving:
+        names.update(V1_SERVING_MODULES)
     modules = {key: import_engine_module(VLLM, version, name) for key, name in names.items()}
     module = modules["rejection_sampler"]
     for name in ("RejectionSampler", "rejection_sample", "generate_uniform_probs"):
@@ -563,17 +577,27 @@ def v1_adapter(name: str) -> Adapter:
     """
     options = V1_OPTIONS[name]
     exclusions, expected, reason = options.declarations()
-    version, modules = _load_v1()
+    serves = options == SamplerOptions()
+    version, modules = _load_v1(serves)
     device = engine_device()
     sampler = VllmV1Sampler(modules, options, device)
+    serving = VllmV1Serving(modules, device) if serves else None
     return Adapter(
         name=name,
         description=f"{version_note(VLLM, version)} v1.sample.rejection_sampler."
         f"RejectionSampler.forward, {options.describe(v2=False)}; {mode_description()}; "
         "target as log p at temperature 1, float32; accept uniforms coupled, recovered and "
-        "bonus tokens (exponential races) tested statistically",
+        "bonus tokens (exponential races) tested statistically"
+        + (
+            "; serving: RejectionSampler.forward on a real InputBatch of the requests (vLLM's "
+            "SamplingMetadata, built-in logits processors, per-request seeded generators)"
+            if serving is not None
+            else ""
+        ),
         chain=sampler,
         greedy=sampler.greedy,
+        serving=serving,
+        engine_profile=None if serving is None else VllmV1Serving.engine_profile,
         exclusions=exclusions,
         expected_verdict=expected,
         expected_reason=reason,

@@ -3,6 +3,7 @@ terminal table shows n, alpha, power and minimum detectable TV for every check."
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import math
@@ -88,3 +89,20 @@ def test_terminal_table_shows_design_numbers(result: AuditResult) -> None:
     assert f"{result.per_assertion_alpha:.3g}" in text
     assert "not installed" in text
     assert "LOSSLESS" in text and "ERROR" in text
+
+
+def test_terminal_table_names_serving_row_kinds_by_their_label(result: AuditResult) -> None:
+    """A check with a row label (a serving row kind) prints ``case[label]``; one with only a
+    row index ``case[row]``; a whole-case check of a multi-row case (row None) the bare case."""
+    check = result.targets[0].checks[0]
+    labelled = dataclasses.replace(check, case_id="serving-x", row=1, n_rows=2,
+                                   details={"label": "top-k 4"})
+    indexed = dataclasses.replace(check, case_id="case-y", row=1, n_rows=2, details={})
+    whole = dataclasses.replace(check, case_id="case-z", row=None, n_rows=3,
+                                details={"label": None})
+    target = dataclasses.replace(result.targets[0], checks=[labelled, indexed, whole])
+    buffer = io.StringIO()
+    print_audit(dataclasses.replace(result, targets=[target]), Console(file=buffer, width=200))
+    text = buffer.getvalue()
+    assert "serving-x[top-k 4]" in text and "case-y[1]" in text
+    assert "case-z " in text and "case-z[" not in text
