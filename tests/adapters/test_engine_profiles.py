@@ -43,6 +43,7 @@ from typing import Any, Optional
 import pytest
 import torch
 
+from losslessness.adapters.vllm_serving import vllm_sampling_params
 from losslessness.reference.profiles import get_profile
 from losslessness.requests import Request
 
@@ -211,23 +212,6 @@ def vllm_cpu(monkeypatch: pytest.MonkeyPatch) -> SimpleNamespace:
     return modules
 
 
-def _vllm_params(vllm: SimpleNamespace, request: Request) -> Any:
-    return vllm.SamplingParams(
-        temperature=request.temperature,
-        top_k=request.top_k or 0,
-        top_p=request.top_p or 1.0,
-        min_p=request.min_p or 0.0,
-        logit_bias=dict(request.logit_bias) or None,
-        frequency_penalty=request.frequency_penalty,
-        presence_penalty=request.presence_penalty,
-        repetition_penalty=request.repetition_penalty,
-        min_tokens=request.min_tokens,
-        stop_token_ids=list(request.stop_token_ids),
-        allowed_token_ids=list(request.allowed_token_ids) if request.allowed_token_ids else None,
-        bad_words=None,
-    )
-
-
 def _vllm_batch(vllm: SimpleNamespace, requests: list[Request]) -> Any:
     config = SimpleNamespace(scheduler_config=SimpleNamespace(max_num_seqs=BATCH))
     processors = vllm.LogitsProcessors(
@@ -244,9 +228,7 @@ def _vllm_batch(vllm: SimpleNamespace, requests: list[Request]) -> Any:
         logitsprocs=processors,
     )
     for index, request in enumerate(requests):
-        params = _vllm_params(vllm, request)
-        # One-token bad words, as SamplingParams.update_from_tokenizer would store them.
-        params._bad_words_token_ids = [[t] for t in request.bad_token_ids]
+        params = vllm_sampling_params(vllm.SamplingParams, request)
         batch.add_request(
             vllm.CachedRequestState(
                 req_id=str(index),
