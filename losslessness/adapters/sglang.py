@@ -577,6 +577,7 @@ def _triton_adapter(name: str, block_verification: bool) -> Adapter:
     device = engine_device()
     greedy = None
     greedy_tree = None
+    serving = None
     what = "chain_speculative_sampling_triton"
     if not block_verification:
         tree = import_engine_module(SGLANG, version, "sglang.kernels.ops.speculative.spec_tree")
@@ -592,10 +593,14 @@ def _triton_adapter(name: str, block_verification: bool) -> Adapter:
         )
         greedy = SglangGreedyVerifier(greedy_function, device)
         greedy_tree = SglangGreedyTreeVerifier(greedy_function, device)
+        serving = _serving_verifier(version, chain_function, greedy_function, device)
         what += (
             " and verify_tree_greedy_triton (greedy chain as a chain-shaped tree, and greedy "
             "tree verification on any tree in SGLang's first-child/next-sibling layout; "
-            "argmax by torch.argmax)"
+            "argmax by torch.argmax); serving: EAGLE verify with rejection sampling "
+            "(eagle_sample's penalties, bias, temperature softmax, Triton top-k/top-p renorm, "
+            "chain kernel; per-request SamplingParams and penalizer orchestrator), held to the "
+            "sglang-torch profile"
         )
     else:
         what += (
@@ -619,7 +624,52 @@ def _triton_adapter(name: str, block_verification: bool) -> Adapter:
         ),
         greedy=greedy,
         greedy_tree=greedy_tree,
+        serving=serving,
+        engine_profile=None if serving is None else serving.engine_profile,
     )
+
+
+def _serving_verifier(
+    version: str,
+    chain_function: Callable[..., Any],
+    greedy_function: Callable[..., Any],
+    device: torch.device,
+) -> Any:
+    """The ``sglang`` target's serving verifier
+    (:class:`~losslessness.adapters.sglang_serving.SglangServingVerifier`) on SGLang's
+    sampling state and kernels.
+
+    Raises:
+        AdapterUnavailable: a module missing or a renorm kernel imported before the
+            interpreter was set up.
+    """
+    from losslessness.adapters.sglang_serving import (
+        SglangEngineFunctions,
+        SglangServingVerifier,
+    )
+
+    params = import_engine_module(SGLANG, version, "sglang.srt.sampling.sampling_params")
+    penaltylib = import_engine_module(SGLANG, version, "sglang.srt.sampling.penaltylib")
+    repetition = import_engine_module(
+        SGLANG, version, "sglang.srt.sampling.penaltylib.repetition_penalty"
+    )
+    sampling = import_engine_module(SGLANG, version, "sglang.kernels.ops.sampling")
+    renorm = import_engine_module(SGLANG, version, "sglang.kernels.ops.sampling.renorm_triton")
+    require_interpreted(
+        SGLANG, version, renorm._mask_and_partial_sum_kernel, "_mask_and_partial_sum_kernel"
+    )
+    functions = SglangEngineFunctions(
+        sampling_params=params.SamplingParams,
+        penaltylib=penaltylib,
+        apply_scaling_penalties=repetition.apply_scaling_penalties,
+        softmax=sampling.softmax,
+        top_k_renorm=renorm.top_k_renorm_probs_triton,
+        top_p_renorm=renorm.top_p_renorm_probs_triton,
+        chain=chain_function,
+        greedy=greedy_function,
+        top_k_all=params.TOP_K_ALL,
+    )
+    return SglangServingVerifier(functions, device)
 
 
 def adapter() -> Adapter:
