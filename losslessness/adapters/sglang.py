@@ -106,6 +106,11 @@ from losslessness.adapters.engines import (
     require_parameters,
     version_note,
 )
+from losslessness.adapters.sglang_serving import (
+    SglangEngineFunctions,
+    SglangServingVerifier,
+    emitted_chain,
+)
 from losslessness.protocol import (
     PLACEHOLDER,
     InvalidInputError,
@@ -265,20 +270,6 @@ def _chain_layout(draft_token_ids: torch.Tensor, device: torch.device) -> Sglang
     return SglangTree(*(tensor.to(device) for tensor in layout))
 
 
-def _emitted(
-    predicts: torch.Tensor, accept_index: torch.Tensor, accept_token_num: torch.Tensor
-) -> torch.Tensor:
-    """The protocol's ``[B, k+1]`` output from SGLang's accepted slots and predictions."""
-    accepted = accept_token_num.to(torch.int64).cpu()
-    index = accept_index.to(torch.int64).cpu()
-    tokens = predicts.to(torch.int64).cpu()
-    batch, nodes = index.shape
-    out = torch.full((batch, nodes), PLACEHOLDER, dtype=torch.int64)
-    emitted = torch.arange(nodes).unsqueeze(0) <= accepted.unsqueeze(1)
-    out[emitted] = tokens[index.clamp(min=0)][emitted]
-    return out
-
-
 class SglangChainSampler(KernelVerifier):
     """Chain verifier calling ``chain_speculative_sampling_triton`` (coupled: takes
     ``uniforms=``).
@@ -337,7 +328,7 @@ class SglangChainSampler(KernelVerifier):
             True,
             block_verification=self.block_verification,
         )
-        return _emitted(predicts, accept_index, accept_token_num)
+        return emitted_chain(predicts, accept_index, accept_token_num)
 
 
 class SglangBlockSampler:
@@ -553,7 +544,7 @@ class SglangGreedyVerifier(KernelVerifier):
             sibling,
             target_predict.to(device),
         )
-        return _emitted(predicts, accept_index, accept_token_num)
+        return emitted_chain(predicts, accept_index, accept_token_num)
 
 
 def _triton_adapter(name: str, block_verification: bool) -> Adapter:
@@ -634,7 +625,7 @@ def _serving_verifier(
     chain_function: Callable[..., Any],
     greedy_function: Callable[..., Any],
     device: torch.device,
-) -> Any:
+) -> SglangServingVerifier:
     """The ``sglang`` target's serving verifier
     (:class:`~losslessness.adapters.sglang_serving.SglangServingVerifier`) on SGLang's
     sampling state and kernels.
@@ -643,11 +634,6 @@ def _serving_verifier(
         AdapterUnavailable: a module missing or a renorm kernel imported before the
             interpreter was set up.
     """
-    from losslessness.adapters.sglang_serving import (
-        SglangEngineFunctions,
-        SglangServingVerifier,
-    )
-
     params = import_engine_module(SGLANG, version, "sglang.srt.sampling.sampling_params")
     penaltylib = import_engine_module(SGLANG, version, "sglang.srt.sampling.penaltylib")
     repetition = import_engine_module(

@@ -79,12 +79,11 @@ from typing import Any
 import torch
 
 from losslessness.adapters.base import KernelVerifier, NotApplicable
-from losslessness.adapters.sglang import _emitted
 from losslessness.protocol import PLACEHOLDER, validate_serving_inputs
 from losslessness.reference.profiles.steps import unsupported
 from losslessness.requests import Request
 
-__all__ = ["SglangEngineFunctions", "SglangServingVerifier"]
+__all__ = ["SglangEngineFunctions", "SglangServingVerifier", "emitted_chain"]
 
 ENGINE = "sglang 0.5.23 (EAGLE verify, rejection sampling)"
 
@@ -295,7 +294,7 @@ class SglangServingVerifier(KernelVerifier):
                 retrieve_next_sibling=sibling.to(device),
                 target_predict=target_predict.to(device),
             )
-            return _emitted(predicts, accept_index, accept_token_num)
+            return emitted_chain(predicts, accept_index, accept_token_num)
         assert draft_probs is not None
         temperatures = torch.tensor([[p.temperature] for p in params], dtype=torch.float32)
         probs = self.engine.softmax(
@@ -328,5 +327,20 @@ class SglangServingVerifier(KernelVerifier):
             threshold_acc=1.0,
             deterministic=True,
         )
-        return _emitted(predicts, accept_index, accept_token_num)
+        return emitted_chain(predicts, accept_index, accept_token_num)
 
+
+def emitted_chain(
+    predicts: torch.Tensor, accept_index: torch.Tensor, accept_token_num: torch.Tensor
+) -> torch.Tensor:
+    """The protocol's ``[B, k+1]`` int64 output (accepted drafts then one token, -1 padded)
+    from SGLang's accepted slots (``accept_index [B, k+1]``, flat indices into ``predicts
+    [B*(k+1)]``, the token emitted after each slot) and ``accept_token_num [B]``."""
+    accepted = accept_token_num.to(torch.int64).cpu()
+    index = accept_index.to(torch.int64).cpu()
+    tokens = predicts.to(torch.int64).cpu()
+    batch, nodes = index.shape
+    out = torch.full((batch, nodes), PLACEHOLDER, dtype=torch.int64)
+    emitted = torch.arange(nodes).unsqueeze(0) <= accepted.unsqueeze(1)
+    out[emitted] = tokens[index.clamp(min=0)][emitted]
+    return out
