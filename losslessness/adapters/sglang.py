@@ -13,7 +13,10 @@ Targets:
   as the greedy *tree* verifier (``greedy_tree``, :class:`SglangGreedyTreeVerifier`) on any
   tree of the protocol, converted to SGLang's layout by ``to_sglang``. On CUDA
   or, without CUDA, through Triton's interpreter on CPU tensors (the adapter sets
-  ``TRITON_INTERPRET=1`` before the import).
+  ``TRITON_INTERPRET=1`` before the import). Its serving verifier is SGLang's EAGLE verify
+  step with rejection sampling on per-request sampling parameters, held to the
+  ``sglang-torch`` profile (:mod:`losslessness.adapters.sglang_serving`, which lists where
+  SGLang's speculative path departs from its own sampler).
 - ``sglang-block``: the same chain kernel with ``block_verification=True`` (Sun et al. 2024,
   "Block verification accelerates speculative decoding", Alg. 2): lossless, and it accepts
   more than ``sum min(p, q)`` at positions >= 1. Its chain callable declares block

@@ -37,6 +37,10 @@ Conversions (none changes a law):
 - SGLang's coins come from ``torch.rand`` on the global generator (``_verify_coins``, the
   unseeded branch); the adapter draws the same shapes (``[B, k+1]`` then ``[B]`` float32) from
   the protocol's generator, so runs replay.
+- ``draft_probs=None`` (a deterministic drafter): the protocol defines the draft law as
+  one-hot at each draft, and the adapter hands the kernel that one-hot law (what a
+  deterministic drafter's probabilities are); SGLang itself raises ``ValueError`` in
+  ``eagle_sample`` when a drafter gives rejection sampling no probabilities.
 - A row with fewer drafts than the batch's k: SGLang batches one ``draft_token_num`` for all
   rows, and its chain kernel rejects a proposal whose draft probability is 0
   (``q_is_prob``) and then samples the residual ``relu(p - q) = p`` there; the adapter gives
@@ -64,10 +68,7 @@ SGLang, not corrected here:
   contract fails.
 
 Requests SGLang cannot express (``allowed_token_ids``, ``bad_token_ids``) raise
-:class:`~losslessness.requests.UnsupportedRequest`; a batch with a sampled row and no draft
-probabilities (n-gram drafts) is refused with
-:class:`~losslessness.adapters.base.NotApplicable`, as ``eagle_sample`` raises ``ValueError``
-for rejection sampling without ``draft_probs``.
+:class:`~losslessness.requests.UnsupportedRequest`.
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ from typing import Any
 
 import torch
 
-from losslessness.adapters.base import KernelVerifier, NotApplicable
+from losslessness.adapters.base import KernelVerifier
 from losslessness.protocol import PLACEHOLDER, validate_serving_inputs
 from losslessness.reference.profiles.steps import unsupported
 from losslessness.requests import Request
@@ -236,20 +237,12 @@ class SglangServingVerifier(KernelVerifier):
         Raises:
             InvalidInputError: malformed inputs (naming the argument).
             UnsupportedRequest: a request field SGLang does not have.
-            NotApplicable: a sampled row without draft probabilities.
         """
         batch, k, vocab = validate_serving_inputs(
             target_logits, draft_probs, draft_token_ids, num_draft_tokens, requests, generator
         )
         params = [self._params(request) for request in requests]
         is_all_greedy = all(p.top_k <= 1 for p in params)
-        if draft_probs is None and not is_all_greedy:
-            raise NotApplicable(
-                "SGLang's rejection-sampling verify needs the drafter's probabilities "
-                "(eagle_utils.py eagle_sample raises ValueError without draft_probs); "
-                "drafts without them (n-gram) take the CUDA-only target-only tree kernel",
-                argument="draft_probs",
-            )
         nodes, device = k + 1, self.device
         counts = num_draft_tokens.to(torch.int64).cpu()
         logits = target_logits.detach().to("cpu", torch.float32).reshape(batch * nodes, vocab)
@@ -295,7 +288,6 @@ class SglangServingVerifier(KernelVerifier):
                 target_predict=target_predict.to(device),
             )
             return emitted_chain(predicts, accept_index, accept_token_num)
-        assert draft_probs is not None
         temperatures = torch.tensor([[p.temperature] for p in params], dtype=torch.float32)
         probs = self.engine.softmax(
             logits, temperatures=torch.repeat_interleave(temperatures, nodes, dim=0)
@@ -307,7 +299,10 @@ class SglangServingVerifier(KernelVerifier):
             top_ps = torch.tensor([p.top_p for p in params], dtype=torch.float32)
             probs = self.engine.top_p_renorm(probs, torch.repeat_interleave(top_ps, nodes))
         q = torch.zeros((batch, k, vocab), dtype=torch.float32)
-        q[drafted] = draft_probs.detach().to("cpu", torch.float32)[drafted]
+        if draft_probs is None:
+            q[drafted] = torch.nn.functional.one_hot(candidates[:, 1:][drafted], vocab).float()
+        else:
+            q[drafted] = draft_probs.detach().to("cpu", torch.float32)[drafted]
         coins = torch.rand((batch, nodes), dtype=torch.float32, generator=generator)
         final = torch.rand((batch,), dtype=torch.float32, generator=generator)
         predicts = torch.zeros(batch * nodes, dtype=torch.int32, device=device)

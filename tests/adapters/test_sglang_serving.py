@@ -189,12 +189,9 @@ def test_sglang_serving_greedy_rows_equal_the_reference_serving_verifier(
     assert torch.equal(out[rows], expected[rows]), (out, expected)
 
 
-def test_sglang_serving_refuses_fields_sglang_lacks_and_sampled_rows_without_draft_probs(
-    serving: Any,
-) -> None:
-    """Allowed token ids raise UnsupportedRequest naming the field; a sampled row without
-    draft probabilities is not applicable (SGLang's rejection sampling needs them), while an
-    all-greedy batch without them is verified."""
+def test_sglang_serving_refuses_fields_sglang_lacks(serving: Any) -> None:
+    """Allowed and bad token ids raise UnsupportedRequest naming the field (SGLang has no such
+    sampling parameter); the same batch with a plain request is verified."""
     logits = torch.randn(1, K + 1, V, generator=torch.Generator().manual_seed(5))
     drafts = torch.tensor([[3, 9]])
     counts = torch.tensor([K])
@@ -202,33 +199,30 @@ def test_sglang_serving_refuses_fields_sglang_lacks_and_sampled_rows_without_dra
     generator = torch.Generator().manual_seed(0)
     with pytest.raises(UnsupportedRequest, match="allowed_token_ids"):
         serving(logits, q, drafts, counts, [Request(allowed_token_ids=(1, 2))], generator)
-    with pytest.raises(ValueError, match=r"not applicable.*draft_probs"):
-        serving(logits, None, drafts, counts, [Request()], generator)
-    out = serving(logits, None, drafts, counts, [Request(temperature=0.0)], generator)
-    assert int(out[0, 0]) == int(logits[0, 0].argmax())
+    with pytest.raises(UnsupportedRequest, match="bad_token_ids"):
+        serving(logits, q, drafts, counts, [Request(bad_token_ids=(1,))], generator)
+    out = serving(logits, q, drafts, counts, [Request()], generator)
+    assert out.shape == (1, K + 1) and int(out[0, 0]) >= 0
 
 
 def test_sglang_serving_audit_verdicts_per_row_kind() -> None:
-    """The audit of the ``sglang`` target at 300 steps on ``serving-temperatures`` and
-    ``serving-filters``: greedy and temperature rows, top-k alone, top-p alone and the logit
-    bias PASS; the min-p rows (min-p ignored) are LOSSY, so the target is LOSSY."""
+    """The audit of the ``sglang`` target at 300 steps on ``serving-distinct-b12`` (12
+    distinct requests, 0..3 drafts, in one batch): the temperature, greedy, top-k, top-p,
+    bias and seeded rows PASS; the ``min-p 0.2`` row (no drafts; min-p ignored, TV 0.36 from
+    the ``sglang-torch`` law at its one position, above the 0.2 that n = 300 detects) FAILs,
+    so the target is LOSSY. The two other min-p or top-k + top-p rows (TV 0.02-0.22 at
+    positions reached by fewer steps) are not asserted at this n."""
     from losslessness.adapters.sglang import adapter
 
-    result = run_audit(
-        [adapter()],
-        RunConfig(cases=("serving-temperatures", "serving-filters"), steps=300),
-    )
+    result = run_audit([adapter()], RunConfig(cases=("serving-distinct-b12",), steps=300))
     target = result.targets[0]
     assert target.verdict is TargetVerdict.LOSSY
-    labels = {
-        (case.case_id, row): r.label
-        for case in default_serving_battery()
-        for row, r in enumerate(case.rows)
-    }
+    (case,) = [c for c in default_serving_battery() if c.case_id == "serving-distinct-b12"]
     by_kind: dict[str, set[Verdict]] = {}
     for check in target.checks:
         if check.check_id in ("serving.law", "serving.greedy") and check.row is not None:
-            by_kind.setdefault(labels[check.case_id, check.row], set()).add(check.verdict)
-    for kind in ("greedy", "T 0.5", "T 1", "T 1.5", "top-k 4", "top-p 0.7", "logit bias"):
-        assert by_kind[kind] == {Verdict.PASS}, (kind, by_kind)
-    assert Verdict.FAIL in by_kind["min-p 0.15"], by_kind
+            by_kind.setdefault(case.rows[check.row].label, set()).add(check.verdict)
+    passing = (0, 1, 2, 3, 5, 6, 9, 10, 11)
+    for row in passing:
+        assert by_kind[case.rows[row].label] == {Verdict.PASS}, (row, by_kind)
+    assert by_kind["distinct 4: min-p 0.2"] == {Verdict.FAIL}, by_kind
