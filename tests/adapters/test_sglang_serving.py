@@ -209,7 +209,7 @@ def test_sglang_serving_audit_verdicts_per_row_kind() -> None:
     """The audit of the ``sglang`` target at 300 steps on ``serving-distinct-b12`` (12
     distinct requests, 0..3 drafts, in one batch): the temperature, greedy, top-k, top-p,
     bias and seeded rows PASS; the ``min-p 0.2`` row (no drafts; min-p ignored, TV 0.36 from
-    the ``sglang-torch`` law at its one position, above the 0.2 that n = 300 detects) FAILs,
+    the ``sglang-torch`` law at its one position, above the 0.2 that n = 300 detects) is LOSSY,
     so the target is LOSSY. The two other min-p or top-k + top-p rows (TV 0.02-0.22 at
     positions reached by fewer steps) are not asserted at this n."""
     from losslessness.adapters.sglang import adapter
@@ -225,4 +225,4 @@ def test_sglang_serving_audit_verdicts_per_row_kind() -> None:
     passing = (0, 1, 2, 3, 5, 6, 9, 10, 11)
     for row in passing:
         assert by_kind[case.rows[row].label] == {Verdict.PASS}, (row, by_kind)
-    assert by_kind["distinct 4: min-p 0.2"] == {Verdict.FAIL}, by_kind
+    assert by_kind["distinct 4: min-p 0.2"] == {Verdict.LOSSY}, by_kind
