@@ -205,6 +205,7 @@ def test_sglang_serving_refuses_fields_sglang_lacks(serving: Any) -> None:
     assert out.shape == (1, K + 1) and int(out[0, 0]) >= 0
 
 
+@pytest.mark.slow
 def test_sglang_serving_audit_verdicts_per_row_kind() -> None:
     """The audit of the ``sglang`` target at 300 steps on ``serving-distinct-b12`` (12
     distinct requests, 0..3 drafts, in one batch): the temperature, greedy, top-k, top-p,
