@@ -13,7 +13,10 @@ Targets:
   as the greedy *tree* verifier (``greedy_tree``, :class:`SglangGreedyTreeVerifier`) on any
   tree of the protocol, converted to SGLang's layout by ``to_sglang``. On CUDA
   or, without CUDA, through Triton's interpreter on CPU tensors (the adapter sets
-  ``TRITON_INTERPRET=1`` before the import).
+  ``TRITON_INTERPRET=1`` before the import). Its serving verifier is SGLang's EAGLE verify
+  step with rejection sampling on per-request sampling parameters, held to the
+  ``sglang-torch`` profile (:mod:`losslessness.adapters.sglang_serving`, which lists where
+  SGLang's speculative path departs from its own sampler).
 - ``sglang-block``: the same chain kernel with ``block_verification=True`` (Sun et al. 2024,
   "Block verification accelerates speculative decoding", Alg. 2): lossless, and it accepts
   more than ``sum min(p, q)`` at positions >= 1. Its chain callable declares block
@@ -105,6 +108,11 @@ from losslessness.adapters.engines import (
     require_interpreted,
     require_parameters,
     version_note,
+)
+from losslessness.adapters.sglang_serving import (
+    SglangEngineFunctions,
+    SglangServingVerifier,
+    emitted_chain,
 )
 from losslessness.protocol import (
     PLACEHOLDER,
@@ -265,20 +273,6 @@ def _chain_layout(draft_token_ids: torch.Tensor, device: torch.device) -> Sglang
     return SglangTree(*(tensor.to(device) for tensor in layout))
 
 
-def _emitted(
-    predicts: torch.Tensor, accept_index: torch.Tensor, accept_token_num: torch.Tensor
-) -> torch.Tensor:
-    """The protocol's ``[B, k+1]`` output from SGLang's accepted slots and predictions."""
-    accepted = accept_token_num.to(torch.int64).cpu()
-    index = accept_index.to(torch.int64).cpu()
-    tokens = predicts.to(torch.int64).cpu()
-    batch, nodes = index.shape
-    out = torch.full((batch, nodes), PLACEHOLDER, dtype=torch.int64)
-    emitted = torch.arange(nodes).unsqueeze(0) <= accepted.unsqueeze(1)
-    out[emitted] = tokens[index.clamp(min=0)][emitted]
-    return out
-
-
 class SglangChainSampler(KernelVerifier):
     """Chain verifier calling ``chain_speculative_sampling_triton`` (coupled: takes
     ``uniforms=``).
@@ -337,7 +331,7 @@ class SglangChainSampler(KernelVerifier):
             True,
             block_verification=self.block_verification,
         )
-        return _emitted(predicts, accept_index, accept_token_num)
+        return emitted_chain(predicts, accept_index, accept_token_num)
 
 
 class SglangBlockSampler:
@@ -553,7 +547,7 @@ class SglangGreedyVerifier(KernelVerifier):
             sibling,
             target_predict.to(device),
         )
-        return _emitted(predicts, accept_index, accept_token_num)
+        return emitted_chain(predicts, accept_index, accept_token_num)
 
 
 def _triton_adapter(name: str, block_verification: bool) -> Adapter:
@@ -577,6 +571,7 @@ def _triton_adapter(name: str, block_verification: bool) -> Adapter:
     device = engine_device()
     greedy = None
     greedy_tree = None
+    serving = None
     what = "chain_speculative_sampling_triton"
     if not block_verification:
         tree = import_engine_module(SGLANG, version, "sglang.kernels.ops.speculative.spec_tree")
@@ -592,10 +587,14 @@ def _triton_adapter(name: str, block_verification: bool) -> Adapter:
         )
         greedy = SglangGreedyVerifier(greedy_function, device)
         greedy_tree = SglangGreedyTreeVerifier(greedy_function, device)
+        serving = _serving_verifier(version, chain_function, greedy_function, device)
         what += (
             " and verify_tree_greedy_triton (greedy chain as a chain-shaped tree, and greedy "
             "tree verification on any tree in SGLang's first-child/next-sibling layout; "
-            "argmax by torch.argmax)"
+            "argmax by torch.argmax); serving: EAGLE verify with rejection sampling "
+            "(eagle_sample's penalties, bias, temperature softmax, Triton top-k/top-p renorm, "
+            "chain kernel; per-request SamplingParams and penalizer orchestrator), held to the "
+            "sglang-torch profile"
         )
     else:
         what += (
@@ -619,7 +618,47 @@ def _triton_adapter(name: str, block_verification: bool) -> Adapter:
         ),
         greedy=greedy,
         greedy_tree=greedy_tree,
+        serving=serving,
+        engine_profile=None if serving is None else serving.engine_profile,
     )
+
+
+def _serving_verifier(
+    version: str,
+    chain_function: Callable[..., Any],
+    greedy_function: Callable[..., Any],
+    device: torch.device,
+) -> SglangServingVerifier:
+    """The ``sglang`` target's serving verifier
+    (:class:`~losslessness.adapters.sglang_serving.SglangServingVerifier`) on SGLang's
+    sampling state and kernels.
+
+    Raises:
+        AdapterUnavailable: a module missing or a renorm kernel imported before the
+            interpreter was set up.
+    """
+    params = import_engine_module(SGLANG, version, "sglang.srt.sampling.sampling_params")
+    penaltylib = import_engine_module(SGLANG, version, "sglang.srt.sampling.penaltylib")
+    repetition = import_engine_module(
+        SGLANG, version, "sglang.srt.sampling.penaltylib.repetition_penalty"
+    )
+    sampling = import_engine_module(SGLANG, version, "sglang.kernels.ops.sampling")
+    renorm = import_engine_module(SGLANG, version, "sglang.kernels.ops.sampling.renorm_triton")
+    require_interpreted(
+        SGLANG, version, renorm._mask_and_partial_sum_kernel, "_mask_and_partial_sum_kernel"
+    )
+    functions = SglangEngineFunctions(
+        sampling_params=params.SamplingParams,
+        penaltylib=penaltylib,
+        apply_scaling_penalties=repetition.apply_scaling_penalties,
+        softmax=sampling.softmax,
+        top_k_renorm=renorm.top_k_renorm_probs_triton,
+        top_p_renorm=renorm.top_p_renorm_probs_triton,
+        chain=chain_function,
+        greedy=greedy_function,
+        top_k_all=params.TOP_K_ALL,
+    )
+    return SglangServingVerifier(functions, device)
 
 
 def adapter() -> Adapter:

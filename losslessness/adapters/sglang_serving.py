@@ -1,0 +1,341 @@
+"""SGLang's EAGLE verify step as a serving verifier
+(:class:`~losslessness.protocol.ServingVerifier`), the way ``eagle_sample``
+(``sglang/srt/speculative/eagle_utils.py``, SGLang 0.5.23) runs it with
+``--speculative-use-rejection-sampling``, on CPU through Triton's interpreter.
+
+What the adapter builds, per call, from the rows' :class:`~losslessness.requests.Request`\\ s
+(SGLang's per-request sampling state, ``SamplingBatchInfo.from_schedule_batch`` in
+``sglang/srt/sampling/sampling_batch_info.py``):
+
+- one ``sglang.srt.sampling.sampling_params.SamplingParams`` per request (its own
+  ``__post_init__`` turns ``0 <= T < 1e-6`` into ``T = 1, top_k = 1`` and ``top_k = -1`` into
+  ``TOP_K_ALL``); ``temperatures [B, 1]``, ``top_ks``, ``top_ps`` from them; the batch flags
+  ``is_all_greedy`` (every ``top_k <= 1``), ``need_top_k_sampling`` and ``need_top_p_sampling``;
+- the penalizer orchestrator (``sglang/srt/sampling/penaltylib/orchestrator.py``,
+  ``BatchedPenalizerOrchestrator``) with SGLang's four penalizers, fed the row's
+  ``output_token_ids`` token by token (``cumulate_output_tokens``; one orchestrator per row,
+  since rows' histories differ in length: the penalizers' state is per row, as after SGLang's
+  ``merge_batch``), then ``SamplingBatchInfo.update_penalties``'s two accumulations
+  (``accumulate_additive_penalties`` into zeros, ``accumulate_scaling_penalties``);
+- the ``[B, V]`` logit bias.
+
+Then ``eagle_sample``'s steps on ``next_token_logits [B*(k+1), V]`` float32 (lines 562-585 and
+697-800 of ``eagle_utils.py``): ``+= repeat_interleave(acc_additive_penalties)``,
+``apply_scaling_penalties`` (``penaltylib/repetition_penalty.py``), ``+= logit_bias``; an
+all-greedy batch takes ``torch.argmax`` and ``verify_tree_greedy_triton``; otherwise
+``sglang.kernels.ops.sampling.softmax(logits, temperatures)``, ``top_k_renorm_prob`` when the
+batch needs top-k, then ``top_p_renorm_prob`` on *its output* when the batch needs top-p (the
+ROCm Triton kernels ``sglang/kernels/ops/sampling/renorm_triton.py``, which follow FlashInfer's
+``top_k_renorm_probs``/``top_p_renorm_probs`` used on CUDA), then
+``chain_speculative_sampling_triton`` with the drafts' probabilities.
+
+Conversions (none changes a law):
+
+- The renorm kernels' wrappers refuse non-CUDA tensors (``_prepare_probs``); the adapter runs
+  the wrappers' own code with a ``_prepare_probs`` that skips only that device check (same
+  float32 contiguous copy), so the Triton kernels run under the interpreter.
+- SGLang's coins come from ``torch.rand`` on the global generator (``_verify_coins``, the
+  unseeded branch); the adapter draws the same shapes (``[B, k+1]`` then ``[B]`` float32) from
+  the protocol's generator, so runs replay.
+- ``draft_probs=None`` (a deterministic drafter): the protocol defines the draft law as
+  one-hot at each draft, and the adapter hands the kernel that one-hot law (what a
+  deterministic drafter's probabilities are); SGLang itself raises ``ValueError`` in
+  ``eagle_sample`` when a drafter gives rejection sampling no probabilities.
+- A row with fewer drafts than the batch's k: SGLang batches one ``draft_token_num`` for all
+  rows, and its chain kernel rejects a proposal whose draft probability is 0
+  (``q_is_prob``) and then samples the residual ``relu(p - q) = p`` there; the adapter gives
+  the slots after a row's last draft token 0 and an all-zero draft row, so the row's bonus
+  token is drawn from p at that position by the kernel itself. The greedy kernel walks
+  ``retrive_next_token``, which ends after the row's last draft.
+
+What SGLang's speculative path does differently from its own non-speculative sampler (the
+``sglang-torch`` profile, :mod:`losslessness.reference.profiles.sglang`) is a finding about
+SGLang, not corrected here:
+
+- **min-p is ignored**: ``eagle_sample`` (``eagle_utils.py``, lines 697-745) applies
+  temperature, top-k and top-p only; ``min_ps`` and ``need_min_p_sampling`` are never read.
+- **top-p after the top-k renormalisation**: ``top_p_renorm_prob`` runs on
+  ``top_k_renorm_prob``'s renormalised output (lines 728-743); the normal pytorch sampler
+  (``top_k_top_p_min_p_sampling_from_probs_torch``, ``srt/layers/sampler.py``) cuts top-p on
+  the unfiltered probabilities (SGLang #36173, closed unmerged).
+- **penalties frozen for the step**: the penalties are accumulated once from the output
+  before the step and repeated to every draft position ("a relaxed version of penalties for
+  speculative decoding", lines 562-585): an accepted draft does not count for the positions
+  after it (frequency, presence, repetition), nor for ``min_new_tokens``.
+- **seeds ignored**: ``sampling_seed`` is None unless the server runs with
+  ``--enable-deterministic-inference`` (``from_schedule_batch``), so a seeded request's coins
+  are the batch's shared ``torch.rand`` draws (SGLang #30822's unseeded verify coins): the seed
+  contract fails.
+
+Requests SGLang cannot express (``allowed_token_ids``, ``bad_token_ids``) raise
+:class:`~losslessness.requests.UnsupportedRequest`.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from losslessness.adapters.base import KernelVerifier
+from losslessness.protocol import PLACEHOLDER, validate_serving_inputs
+from losslessness.reference.profiles.steps import unsupported
+from losslessness.requests import Request
+
+__all__ = ["SglangEngineFunctions", "SglangServingVerifier", "emitted_chain"]
+
+ENGINE = "sglang 0.5.23 (EAGLE verify, rejection sampling)"
+
+
+class _ScheduleBatch:
+    """What the penalizer orchestrator reads of a ``ScheduleBatch``: its requests and device
+    (a class: the orchestrator keeps a weak reference to it)."""
+
+    def __init__(self, reqs: list[Any]) -> None:
+        self.reqs = reqs
+        self.device = "cpu"
+
+
+def _cpu_prepare_probs(probs: torch.Tensor) -> torch.Tensor:
+    """``renorm_triton._prepare_probs`` (SGLang 0.5.23) without its CUDA/HIP device check."""
+    if probs.ndim != 2:
+        raise ValueError(f"probs must be 2D, got shape={tuple(probs.shape)}")
+    return probs.float().contiguous()
+
+
+def _on_cpu(function: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """SGLang's renorm wrapper ``function`` with its own code and globals, ``_prepare_probs``
+    replaced by :func:`_cpu_prepare_probs` (module docstring, 'Conversions')."""
+    namespace = dict(function.__globals__, _prepare_probs=_cpu_prepare_probs)
+    rebuilt = types.FunctionType(
+        function.__code__, namespace, function.__name__, function.__defaults__,
+        function.__closure__,
+    )
+    return rebuilt  # type: ignore[return-value]
+
+
+class SglangEngineFunctions:
+    """The SGLang 0.5.23 callables one serving verification step uses.
+
+    Args:
+        sampling_params: ``sglang.srt.sampling.sampling_params.SamplingParams``.
+        penaltylib: ``sglang.srt.sampling.penaltylib`` (orchestrator and penalizers).
+        apply_scaling_penalties: ``penaltylib.repetition_penalty.apply_scaling_penalties``.
+        softmax: ``sglang.kernels.ops.sampling.softmax``.
+        top_k_renorm: ``renorm_triton.top_k_renorm_probs_triton``.
+        top_p_renorm: ``renorm_triton.top_p_renorm_probs_triton``.
+        chain: ``chain_speculative_sampling_triton``.
+        greedy: ``verify_tree_greedy_triton``.
+        top_k_all: ``sampling_params.TOP_K_ALL``, the ``top_k`` of a request without one.
+    """
+
+    def __init__(
+        self,
+        sampling_params: type,
+        penaltylib: types.ModuleType,
+        apply_scaling_penalties: Callable[[torch.Tensor, torch.Tensor], None],
+        softmax: Callable[..., torch.Tensor],
+        top_k_renorm: Callable[..., torch.Tensor],
+        top_p_renorm: Callable[..., torch.Tensor],
+        chain: Callable[..., Any],
+        greedy: Callable[..., Any],
+        top_k_all: int,
+    ) -> None:
+        self.sampling_params = sampling_params
+        self.penaltylib = penaltylib
+        self.apply_scaling_penalties = apply_scaling_penalties
+        self.softmax = softmax
+        self.top_k_renorm = _on_cpu(top_k_renorm)
+        self.top_p_renorm = _on_cpu(top_p_renorm)
+        self.chain = chain
+        self.greedy = greedy
+        self.top_k_all = top_k_all
+
+
+class SglangServingVerifier(KernelVerifier):
+    """SGLang 0.5.23's EAGLE verify step on a serving batch (module docstring).
+
+    Args:
+        functions: the SGLang callables (:class:`SglangEngineFunctions`).
+        device: where the kernels run (``cpu`` under the interpreter).
+    """
+
+    engine_profile = "sglang-torch"
+    """The profile whose law the verifier is held to: SGLang's pytorch sampling backend."""
+
+    def __init__(self, functions: SglangEngineFunctions, device: torch.device) -> None:
+        super().__init__(functions.chain, device)
+        self.engine = functions
+
+    def _params(self, request: Request) -> Any:
+        """SGLang's ``SamplingParams`` of ``request``.
+
+        Raises:
+            UnsupportedRequest: allowed or bad token ids (no such SGLang sampling parameter).
+        """
+        if request.allowed_token_ids is not None:
+            raise unsupported(ENGINE, "allowed_token_ids", "no such sampling parameter")
+        if request.bad_token_ids:
+            raise unsupported(ENGINE, "bad_token_ids", "no such sampling parameter")
+        return self.engine.sampling_params(
+            temperature=request.temperature,
+            top_k=request.top_k if request.top_k is not None else -1,
+            top_p=request.top_p if request.top_p is not None else 1.0,
+            min_p=request.min_p if request.min_p is not None else 0.0,
+            frequency_penalty=request.frequency_penalty,
+            presence_penalty=request.presence_penalty,
+            repetition_penalty=request.repetition_penalty,
+            min_new_tokens=request.min_tokens,
+            stop_token_ids=list(request.stop_token_ids) or None,
+            logit_bias={str(t): b for t, b in request.logit_bias} or None,
+            sampling_seed=request.seed,
+        )
+
+    def _penalties(
+        self, params: Any, request: Request, vocab: int
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``update_penalties`` of one row: ``([1, V] additive, [1, V] scaling or None)``,
+        from SGLang's orchestrator fed the row's output history."""
+        penaltylib = self.engine.penaltylib
+        tokenizer = types.SimpleNamespace(additional_stop_token_ids=None, eos_token_id=None)
+        req = types.SimpleNamespace(
+            sampling_params=params, eos_token_ids=set(), tokenizer=tokenizer
+        )
+        batch = _ScheduleBatch([req])
+        orchestrator = penaltylib.BatchedPenalizerOrchestrator(
+            vocab_size=vocab,
+            batch=batch,
+            penalizers={
+                penaltylib.BatchedFrequencyPenalizer,
+                penaltylib.BatchedMinNewTokensPenalizer,
+                penaltylib.BatchedPresencePenalizer,
+                penaltylib.BatchedRepetitionPenalizer,
+            },
+        )
+        additive = torch.zeros((1, vocab), dtype=torch.float32)
+        if not orchestrator.is_required:
+            return additive, None
+        for token in request.output_token_ids:
+            orchestrator.cumulate_output_tokens(torch.tensor([token], dtype=torch.int64))
+        orchestrator.accumulate_additive_penalties(additive)
+        return additive, orchestrator.accumulate_scaling_penalties()
+
+    def __call__(
+        self,
+        target_logits: torch.Tensor,
+        draft_probs: torch.Tensor | None,
+        draft_token_ids: torch.Tensor,
+        num_draft_tokens: torch.Tensor,
+        requests: Sequence[Request],
+        generator: torch.Generator,
+    ) -> torch.Tensor:
+        """One serving verification step (:class:`~losslessness.protocol.ServingVerifier`);
+        ``[B, k+1]`` int64 on CPU.
+
+        Raises:
+            InvalidInputError: malformed inputs (naming the argument).
+            UnsupportedRequest: a request field SGLang does not have.
+        """
+        batch, k, vocab = validate_serving_inputs(
+            target_logits, draft_probs, draft_token_ids, num_draft_tokens, requests, generator
+        )
+        params = [self._params(request) for request in requests]
+        is_all_greedy = all(p.top_k <= 1 for p in params)
+        nodes, device = k + 1, self.device
+        counts = num_draft_tokens.to(torch.int64).cpu()
+        logits = target_logits.detach().to("cpu", torch.float32).reshape(batch * nodes, vocab)
+        logits = logits.clone()
+        penalties = [self._penalties(p, r, vocab) for p, r in zip(params, requests, strict=True)]
+        logits.add_(torch.repeat_interleave(torch.cat([a for a, _ in penalties]), nodes, dim=0))
+        if any(s is not None for _, s in penalties):
+            scaling = torch.cat(
+                [s if s is not None else torch.ones((1, vocab)) for _, s in penalties]
+            )
+            self.engine.apply_scaling_penalties(
+                logits, torch.repeat_interleave(scaling, nodes, dim=0)
+            )
+        if any(r.logit_bias for r in requests):
+            bias = torch.zeros((batch, vocab), dtype=torch.float32)
+            for row, request in enumerate(requests):
+                for token, value in request.logit_bias:
+                    bias[row, token] = value
+            logits.add_(torch.repeat_interleave(bias, nodes, dim=0))
+        candidates = torch.zeros((batch, nodes), dtype=torch.int64)
+        drafted = torch.arange(k).unsqueeze(0) < counts.unsqueeze(1)
+        candidates[:, 1:] = torch.where(drafted, draft_token_ids.to(torch.int64).cpu(), 0)
+        retrive_index = torch.arange(batch * nodes, dtype=torch.int64).view(batch, nodes)
+        next_token = torch.where(
+            torch.arange(nodes).unsqueeze(0) < counts.unsqueeze(1),
+            torch.arange(1, nodes + 1).unsqueeze(0),
+            PLACEHOLDER,
+        ).to(torch.int64)
+        sibling = torch.full((batch, nodes), PLACEHOLDER, dtype=torch.int64)
+        accept_index = torch.full((batch, nodes), PLACEHOLDER, dtype=torch.int32, device=device)
+        accept_token_num = torch.zeros(batch, dtype=torch.int32, device=device)
+        if is_all_greedy:
+            predicts = torch.zeros(batch * nodes, dtype=torch.int32, device=device)
+            target_predict = torch.argmax(logits, dim=-1).reshape(batch, nodes)
+            self.engine.greedy(
+                predicts=predicts,
+                accept_index=accept_index,
+                accept_token_num=accept_token_num,
+                candidates=candidates.to(device),
+                retrieve_index=retrive_index.to(device),
+                retrieve_next_token=next_token.to(device),
+                retrieve_next_sibling=sibling.to(device),
+                target_predict=target_predict.to(device),
+            )
+            return emitted_chain(predicts, accept_index, accept_token_num)
+        temperatures = torch.tensor([[p.temperature] for p in params], dtype=torch.float32)
+        probs = self.engine.softmax(
+            logits, temperatures=torch.repeat_interleave(temperatures, nodes, dim=0)
+        )
+        if any(p.top_k != self.engine.top_k_all for p in params):
+            top_ks = torch.tensor([p.top_k for p in params], dtype=torch.int32)
+            probs = self.engine.top_k_renorm(probs, torch.repeat_interleave(top_ks, nodes))
+        if any(p.top_p != 1.0 for p in params):
+            top_ps = torch.tensor([p.top_p for p in params], dtype=torch.float32)
+            probs = self.engine.top_p_renorm(probs, torch.repeat_interleave(top_ps, nodes))
+        q = torch.zeros((batch, k, vocab), dtype=torch.float32)
+        if draft_probs is None:
+            q[drafted] = torch.nn.functional.one_hot(candidates[:, 1:][drafted], vocab).float()
+        else:
+            q[drafted] = draft_probs.detach().to("cpu", torch.float32)[drafted]
+        coins = torch.rand((batch, nodes), dtype=torch.float32, generator=generator)
+        final = torch.rand((batch,), dtype=torch.float32, generator=generator)
+        predicts = torch.zeros(batch * nodes, dtype=torch.int32, device=device)
+        self.engine.chain(
+            predicts=predicts,
+            accept_index=accept_index,
+            accept_token_num=accept_token_num,
+            candidates=candidates.to(device),
+            retrive_index=retrive_index.to(device),
+            retrive_next_token=next_token.to(device),
+            retrive_next_sibling=sibling.to(device),
+            uniform_samples=coins.to(device),
+            uniform_samples_for_final_sampling=final.to(device),
+            target_probs=probs.reshape(batch, nodes, vocab).to(device).contiguous(),
+            draft_probs=q.to(device),
+            threshold_single=1.0,
+            threshold_acc=1.0,
+            deterministic=True,
+        )
+        return emitted_chain(predicts, accept_index, accept_token_num)
+
+
+def emitted_chain(
+    predicts: torch.Tensor, accept_index: torch.Tensor, accept_token_num: torch.Tensor
+) -> torch.Tensor:
+    """The protocol's ``[B, k+1]`` int64 output (accepted drafts then one token, -1 padded)
+    from SGLang's accepted slots (``accept_index [B, k+1]``, flat indices into ``predicts
+    [B*(k+1)]``, the token emitted after each slot) and ``accept_token_num [B]``."""
+    accepted = accept_token_num.to(torch.int64).cpu()
+    index = accept_index.to(torch.int64).cpu()
+    tokens = predicts.to(torch.int64).cpu()
+    batch, nodes = index.shape
+    out = torch.full((batch, nodes), PLACEHOLDER, dtype=torch.int64)
+    emitted = torch.arange(nodes).unsqueeze(0) <= accepted.unsqueeze(1)
+    out[emitted] = tokens[index.clamp(min=0)][emitted]
+    return out
