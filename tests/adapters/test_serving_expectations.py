@@ -11,7 +11,9 @@ EXPECTED = {"engine": {("case-a", "min-p"): "drops min-p on drafts"}}
 
 def _check(label: str | None, verdict: str, check_id: str = "serving.law") -> dict[str, Any]:
     return {
-        "check_id": check_id, "case_id": "case-a", "verdict": verdict, "position": 0, "n": 30,
+        "check_id": check_id,
+        "case_id": "seed-contract" if check_id == "seed.contract" else "case-a",
+        "verdict": verdict, "position": 0, "n": 30,
         "p_value": 0.5, "min_detectable_tv": None, "details": {"label": label} if label else {},
     }
 
@@ -55,4 +57,16 @@ def test_an_undecided_kind_accepts_pass_and_lossy_but_not_error() -> None:
     record = _record(_check("min-p", "LOSSY"), _check("bias", "ERROR"))
     assert surprises(row_kinds(record), EXPECTED, undecided) == [
         "engine case-a[bias]: expected PASS, got ERROR"
+    ]
+
+
+def test_a_documented_broken_seed_contract_is_expected_and_a_kept_one_then_surprises() -> None:
+    """For a target whose seed contract is documented broken, IRREPRODUCIBLE is the expected
+    verdict and PASS is the surprise (the finding would have gone away unnoticed)."""
+    irreproducible = {"engine": "ignores seeds"}
+    broken = _record(_check("min-p", "LOSSY"), _check(None, "IRREPRODUCIBLE", "seed.contract"))
+    assert surprises(row_kinds(broken), EXPECTED, None, irreproducible) == []
+    kept = _record(_check("min-p", "LOSSY"), _check(None, "PASS", "seed.contract"))
+    assert surprises(row_kinds(kept), EXPECTED, None, irreproducible) == [
+        "engine seed-contract[]: expected IRREPRODUCIBLE, got PASS"
     ]
