@@ -157,10 +157,39 @@ token.
 
 Counted in the suite's budget."""
 
-SUITE_ASSERTIONS_PER_EXAMPLE = CHAIN_ASSERTIONS_PER_EXAMPLE + TREE_ASSERTIONS_PER_EXAMPLE
-"""Statistical assertions of one example of every statistical suite test (chain and tree): the
-union bound splits :data:`SUITE_FAMILY_WISE_ALPHA` over ``max_examples`` times this, whichever
-targets a run names, so a run with both a chain and a tree target stays within the budget."""
+SERVING_MAX_VOCAB = 12
+"""Largest V of a generated serving case: an engine profile's law costs about 0.5 ms a
+position (its processors run in torch per row), so the serving examples stay small."""
+
+SERVING_MAX_K = 3
+"""Largest draft block of a generated serving case."""
+
+SERVING_MAX_KINDS = 3
+"""Most row kinds (distinct requests) in one generated serving case."""
+
+SERVING_MAX_COPIES = 2
+"""Most rows of each kind per call of a generated serving case (B = kinds x copies)."""
+
+SERVING_STEPS_PER_ROW = 400
+"""Rows per kind and serving example: about 1,000 verify positions a kind, which a reference
+serving verifier of Python loops over profile laws takes a second or two for; the results
+state the TV this n detects (about 0.25 at V = 12), and the witnesses' bugs are far above it."""
+
+SERVING_ASSERTIONS_PER_EXAMPLE = SERVING_MAX_KINDS * ((SERVING_MAX_K + 1) + 1)
+"""Statistical assertions one serving example makes at most: per sampled row kind a law test
+per position (``num_draft_tokens + 1``) and an acceptance test
+(:func:`losslessness.checks.serving.serving_assertion_count`); greedy kinds are exact."""
+
+SERVING_WITNESS_EXAMPLES = 2
+"""Explicit cases the serving test runs besides the generated ones
+(:data:`losslessness.suite.serving_support.SERVING_WITNESSES`), whatever the profile."""
+
+SUITE_ASSERTIONS_PER_EXAMPLE = (
+    CHAIN_ASSERTIONS_PER_EXAMPLE + TREE_ASSERTIONS_PER_EXAMPLE + SERVING_ASSERTIONS_PER_EXAMPLE
+)
+"""Statistical assertions of one example of every statistical suite test (chain, tree and
+serving): the union bound splits :data:`SUITE_FAMILY_WISE_ALPHA` over ``max_examples`` times
+this, whichever targets a run names, so a run with several targets stays within the budget."""
 
 
 @dataclass(frozen=True)
@@ -170,10 +199,11 @@ class SuiteBudget:
     Attributes:
         profile: the settings profile's name.
         max_examples: generated examples per test.
-        assertions: ``max_examples * SUITE_ASSERTIONS_PER_EXAMPLE`` (chain and tree tests)
-            plus ``TREE_WITNESS_EXAMPLES * TREE_ASSERTIONS_PER_EXAMPLE`` and
-            ``len(CHAIN_WITNESS_CASES) * CHAIN_ASSERTIONS_PER_EXAMPLE`` (the explicit
-            examples of the tree and chain tests).
+        assertions: ``max_examples * SUITE_ASSERTIONS_PER_EXAMPLE`` (chain, tree and
+            serving tests) plus ``TREE_WITNESS_EXAMPLES * TREE_ASSERTIONS_PER_EXAMPLE``,
+            ``len(CHAIN_WITNESS_CASES) * CHAIN_ASSERTIONS_PER_EXAMPLE`` and
+            ``SERVING_WITNESS_EXAMPLES * SERVING_ASSERTIONS_PER_EXAMPLE`` (the explicit
+            examples of the tree, chain and serving tests).
         per_assertion_alpha: ``SUITE_FAMILY_WISE_ALPHA / assertions`` (Bonferroni).
     """
 
@@ -190,6 +220,7 @@ def suite_budget() -> SuiteBudget:
         max_examples * SUITE_ASSERTIONS_PER_EXAMPLE
         + TREE_WITNESS_EXAMPLES * TREE_ASSERTIONS_PER_EXAMPLE
         + len(CHAIN_WITNESS_CASES) * CHAIN_ASSERTIONS_PER_EXAMPLE
+        + SERVING_WITNESS_EXAMPLES * SERVING_ASSERTIONS_PER_EXAMPLE
     )
     profile = str(getattr(settings, "_current_profile", None) or "default")
     return SuiteBudget(profile, max_examples, assertions, SUITE_FAMILY_WISE_ALPHA / assertions)
