@@ -6,10 +6,16 @@ available to every pytest run::
     pytest --losslessness-target=pkg.module:verify [--losslessness-greedy=pkg.module:fn]
            [--losslessness-tree=pkg.module:fn] [--losslessness-tree-greedy=pkg.module:fn]
            [--losslessness-profile=ci] [--losslessness-timeout=SECONDS]
+    pytest --losslessness-target=pkg.module:verify --losslessness-protocol=serving
+           [--losslessness-engine-profile=NAME]
 
 With ``--losslessness-target`` or ``--losslessness-greedy`` the chain and greedy test modules
 (:mod:`losslessness.suite`) join the collection, with ``--losslessness-tree`` or
-``--losslessness-tree-greedy`` the tree module; without any, the plugin does nothing. A tree
+``--losslessness-tree-greedy`` the tree module; with ``--losslessness-protocol=serving`` the
+``--losslessness-target`` is a serving verifier (the serving protocol of
+:mod:`losslessness.protocol`) and the serving module joins instead of the chain module, its
+law the engine profile named by ``--losslessness-engine-profile`` or the function's
+``engine_profile`` attribute; without any target, the plugin does nothing. A tree
 target is a tree verifier function, an :class:`~losslessness.adapters.Adapter` (its ``tree``
 or ``greedy_tree``), a registered adapter name or ``mutant/tree-<name>``. Targets resolve like
 ``losslessness audit`` targets (registered adapter names work too) and run where the audit runs
@@ -31,13 +37,23 @@ import pytest
 
 if TYPE_CHECKING:
     from losslessness.adapters import Adapter
-    from losslessness.protocol import GreedyTreeVerifier, GreedyVerifier, TreeVerifier
+    from losslessness.protocol import (
+        GreedyTreeVerifier,
+        GreedyVerifier,
+        ServingVerifier,
+        TreeVerifier,
+    )
+    from losslessness.reference.profiles import EngineProfile
 
 SUITE_DIRECTORY = Path(__file__).parent / "suite"
 SUITE_MODULES = ("test_chain.py", "test_greedy.py")
 """Modules collected with ``--losslessness-target`` or ``--losslessness-greedy``."""
 TREE_SUITE_MODULES = ("test_tree.py",)
 """Modules collected with ``--losslessness-tree`` or ``--losslessness-tree-greedy``."""
+SERVING_SUITE_MODULES = ("test_serving.py",)
+"""Modules collected with ``--losslessness-target`` and ``--losslessness-protocol=serving``."""
+SUITE_PROTOCOLS = ("chain", "serving")
+"""The protocols ``--losslessness-protocol`` names for ``--losslessness-target``."""
 
 
 @dataclass(frozen=True)
@@ -55,6 +71,10 @@ class SuiteTarget:
         in_process: ``--losslessness-in-process``: every target in pytest's own process, as
             the audit's ``--in-process`` (debugging; by default a target the audit did not
             ship runs in a worker process, :func:`losslessness.targets.runs_in_process`).
+        protocol: ``--losslessness-protocol``: the protocol of ``--losslessness-target``,
+            ``chain`` or ``serving``.
+        engine_profile: ``--losslessness-engine-profile``: the engine profile a serving target
+            claims, or None (then the function's ``engine_profile`` attribute).
     """
 
     chain_name: str | None
@@ -64,6 +84,8 @@ class SuiteTarget:
     greedy_tree_name: str | None = None
     timeout_s: float | None = None
     in_process: bool = False
+    protocol: str = "chain"
+    engine_profile: str | None = None
     _loaded: dict[tuple[str, str], Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -99,6 +121,8 @@ class SuiteTarget:
     def _resolve(self, name: str | None, greedy: bool, option: str) -> Adapter:
         if name is None:
             pytest.skip(f"no {option} given")
+        if not greedy and self.protocol != "chain":
+            pytest.skip(f"{option} is a {self.protocol} verifier (--losslessness-protocol)")
         adapter = self._load(name, "greedy" if greedy else "chain", option)
         if (adapter.greedy if greedy else adapter.chain) is None:
             raise pytest.UsageError(
@@ -136,6 +160,41 @@ class SuiteTarget:
         verifier = self._resolve_tree(self.greedy_tree_name, True, "--losslessness-tree-greedy")
         return verifier  # type: ignore[return-value]
 
+    def serving(self) -> tuple[ServingVerifier, EngineProfile]:
+        """The serving verifier and the engine profile it claims (skips the test without a
+        serving target).
+
+        Raises:
+            pytest.UsageError: naming the option: no serving verifier, no engine profile (no
+                ``--losslessness-engine-profile`` and no ``engine_profile`` attribute), an
+                unknown profile, or an option that contradicts the function's attribute.
+        """
+        from losslessness.reference.profiles import get_profile
+
+        option = "--losslessness-target"
+        if self.chain_name is None or self.protocol != "serving":
+            pytest.skip(f"no {option} with --losslessness-protocol=serving given")
+        adapter = self._load(self.chain_name, "serving", option)
+        if adapter.serving is None:
+            raise pytest.UsageError(f"{option}={self.chain_name}: has no serving verifier")
+        claimed = adapter.engine_profile
+        if self.engine_profile is not None and claimed not in (None, self.engine_profile):
+            raise pytest.UsageError(
+                f"--losslessness-engine-profile={self.engine_profile}: contradicts the profile "
+                f"{claimed!r} that {self.chain_name} names"
+            )
+        name = self.engine_profile or claimed
+        if name is None:
+            raise pytest.UsageError(
+                f"{option}={self.chain_name}: names no engine profile: pass "
+                "--losslessness-engine-profile=NAME or set the function's engine_profile"
+            )
+        try:
+            profile = get_profile(name)
+        except ValueError as error:
+            raise pytest.UsageError(f"--losslessness-engine-profile={name}: {error}") from error
+        return adapter.serving, profile
+
     def replay(self, test_name: str) -> str:
         """One command line that reruns ``test_name`` on the same targets and profile."""
         parts = ["pytest"]
@@ -147,6 +206,10 @@ class SuiteTarget:
             parts.append(f"--losslessness-tree={self.tree_name}")
         if self.greedy_tree_name:
             parts.append(f"--losslessness-tree-greedy={self.greedy_tree_name}")
+        if self.protocol != "chain":
+            parts.append(f"--losslessness-protocol={self.protocol}")
+        if self.engine_profile is not None:
+            parts.append(f"--losslessness-engine-profile={self.engine_profile}")
         parts.append(f"--losslessness-profile={self.profile or 'ci'}")
         if self.timeout_s is not None:
             parts.append(f"--losslessness-timeout={self.timeout_s:g}")
@@ -158,7 +221,8 @@ class SuiteTarget:
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     """Add ``--losslessness-target``, ``--losslessness-greedy``, ``--losslessness-tree``,
-    ``--losslessness-tree-greedy``, ``--losslessness-timeout``, ``--losslessness-in-process``
+    ``--losslessness-tree-greedy``, ``--losslessness-protocol``,
+    ``--losslessness-engine-profile``, ``--losslessness-timeout``, ``--losslessness-in-process``
     and ``--losslessness-profile``."""
     from strategies.profiles import add_profile_option
 
@@ -188,6 +252,20 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="run the tree property suite on this greedy tree verifier",
     )
     group.addoption(
+        "--losslessness-protocol",
+        choices=SUITE_PROTOCOLS,
+        default="chain",
+        help="the protocol of --losslessness-target: chain (default) or serving (raw logits, "
+        "per-row requests; the serving suite checks it against its engine profile)",
+    )
+    group.addoption(
+        "--losslessness-engine-profile",
+        metavar="NAME",
+        default=None,
+        help="the engine profile a serving target claims, when the function has no "
+        "engine_profile attribute",
+    )
+    group.addoption(
         "--losslessness-timeout",
         metavar="SECONDS",
         type=float,
@@ -210,8 +288,12 @@ def pytest_configure(config: pytest.Config) -> None:
 
     configure_profile(config)
     modules: list[str] = []
-    if config.getoption("losslessness_target") or config.getoption("losslessness_greedy"):
+    serving = config.getoption("losslessness_protocol") == "serving"
+    target = config.getoption("losslessness_target")
+    if (target and not serving) or config.getoption("losslessness_greedy"):
         modules += SUITE_MODULES
+    if target and serving:
+        modules += SERVING_SUITE_MODULES
     if config.getoption("losslessness_tree") or config.getoption("losslessness_tree_greedy"):
         modules += TREE_SUITE_MODULES
     for module in modules:
@@ -232,4 +314,6 @@ def losslessness_target(request: pytest.FixtureRequest) -> SuiteTarget:
         greedy_tree_name=config.getoption("losslessness_tree_greedy"),
         timeout_s=config.getoption("losslessness_timeout"),
         in_process=config.getoption("losslessness_in_process"),
+        protocol=config.getoption("losslessness_protocol"),
+        engine_profile=config.getoption("losslessness_engine_profile"),
     )

@@ -4,8 +4,11 @@
 plugin in :mod:`losslessness.pytest_plugin`) collects the test modules of this package and runs
 them against that target; ``--losslessness-tree=pkg.module:fn`` (a tree verifier) and
 ``--losslessness-tree-greedy=pkg.module:fn`` (a greedy tree verifier) add the tree module
-(``test_tree.py``). Hypothesis chooses the cases from :mod:`strategies`; the samples of a
-case come from generators seeded from the case's content hash, so a failure replays exactly.
+(``test_tree.py``); ``--losslessness-protocol=serving`` makes ``--losslessness-target`` a
+serving verifier and adds the serving module (``test_serving.py``), checked against the engine
+profile of ``--losslessness-engine-profile`` or the function's ``engine_profile``. Hypothesis
+chooses the cases from :mod:`strategies`; the samples of a case come from generators seeded
+from the case's content hash, so a failure replays exactly.
 
 Statistical soundness under Hypothesis
 --------------------------------------
@@ -16,7 +19,8 @@ false-alarm rate does not rely on their independence:
 - the *budget* is a union bound. The suite makes at most ``max_examples`` generated examples
   per test (the active profile's), each with a fixed maximum number of statistical assertions
   (:data:`CHAIN_ASSERTIONS_PER_EXAMPLE` for the chain test, :data:`TREE_ASSERTIONS_PER_EXAMPLE`
-  for the tree test); Bonferroni splits the family-wise rate
+  for the tree test, :data:`SERVING_ASSERTIONS_PER_EXAMPLE` for the serving test), and the
+  explicit witness examples theirs; Bonferroni splits the family-wise rate
   :data:`losslessness.stats.SUITE_FAMILY_WISE_ALPHA`
   over ``max_examples x`` their sum (:data:`SUITE_ASSERTIONS_PER_EXAMPLE`), whichever of the
   two tests a run collects, which holds under any dependence between the examples, however
@@ -36,6 +40,7 @@ from losslessness.suite.support import (
     MAX_BATCH,
     MAX_K,
     MAX_VOCAB,
+    SERVING_ASSERTIONS_PER_EXAMPLE,
     SMALL_VOCAB,
     STEPS_PER_ROW,
     SUITE_ASSERTIONS_PER_EXAMPLE,
@@ -50,6 +55,7 @@ __all__ = [
     "MAX_BATCH",
     "MAX_K",
     "MAX_VOCAB",
+    "SERVING_ASSERTIONS_PER_EXAMPLE",
     "SMALL_VOCAB",
     "STEPS_PER_ROW",
     "SUITE_ASSERTIONS_PER_EXAMPLE",

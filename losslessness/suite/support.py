@@ -37,13 +37,34 @@ MAX_K = 4
 MAX_BATCH = 2
 """Most distinct row types in one generated chain case."""
 
-SUITE_DTYPES = (torch.float64, torch.float32)
-"""Input dtypes of generated chain cases. The chain protocol's rows sum to 1 within 1e-5
-(docs/architecture.md, 'Protocols'), which float16 and bfloat16 rows miss (measured up to 2e-3);
-precision checks for those dtypes belong to the GPU/precision battery."""
+SUITE_DTYPES = ("float64", "float32", "bfloat16")
+"""Input dtypes of generated chain cases (:attr:`ChainCase.dtype`): the rows are built in
+float64 and the verifier receives them cast (:attr:`ChainCase.input_target_probs`); the checks
+test against the law of the cast rows (:func:`losslessness.laws.law_after_cast`), so a correct
+verifier passes at every dtype and one that is wrong only in one precision fails there."""
+
+CALL_BATCH_MODES = ("full", "full", "one", "distinct", "small")
+"""How a generated chain case calls the verifier (:attr:`ChainCase.call_batch_size`), drawn
+uniformly (shrinking towards ``full``): ``full`` fills every call with copies of the row types
+(hundreds of rows), ``one`` calls one row at a time (B = 1), ``distinct`` calls the row types
+once each (B = R: with two row types, every call a batch of distinct rows), ``small`` calls
+B in ``[2, SMALL_CALL_BATCH]`` rows of the stream of row types. A verifier can be wrong only
+in small batches (a path dispatched on B) or only on batches without duplicate rows."""
+
+SMALL_CALL_BATCH = 15
+"""Largest B of the ``small`` call mode: below the 16 rows where engines switch kernels or
+CUDA graphs (vllm-ascend PR 13470's padded-batch path)."""
 
 STEPS_PER_ROW = 4000
-"""Verification steps per row type and example."""
+"""Verification steps per row type and example (fewer when the case's calls are small:
+:data:`MAX_CALLS`)."""
+
+MAX_CALLS = 500
+"""Most verifier calls one chain example makes: a case called in small batches takes
+``min(STEPS_PER_ROW, MAX_CALLS * B // R)`` steps per row type (500 at B = 1 and one row
+type), so that one example costs at most about half a second of a fast verifier's calls; the
+power left is stated by each result's minimum detectable TV, and the witnesses' mutants stay
+far above it."""
 
 CHAIN_ASSERTIONS_PER_EXAMPLE = MAX_BATCH * ((MAX_K + 1) + MAX_K + 1)
 """Statistical assertions one chain example makes at most: per row type, an identity test per
@@ -76,6 +97,33 @@ CHAIN_WITNESS_CASES: tuple[ChainCase, ...] = (
         torch.zeros((1, 0, 32), dtype=torch.float64),
         frozenset({"witness", "skewed"}),
     ),
+    ChainCase(
+        "witness-b1",
+        "V=3 k=1 B=1 witness: one row per call, q far from p",
+        torch.tensor([[[0.6, 0.3, 0.1], [0.2, 0.5, 0.3]]], dtype=torch.float64),
+        torch.tensor([[[0.1, 0.2, 0.7]]], dtype=torch.float64),
+        frozenset({"witness", "small-batch"}),
+        call_batch_size=1,
+    ),
+    ChainCase(
+        "witness-distinct",
+        "V=3 k=1 B=2 witness: every call two distinct rows",
+        torch.tensor(
+            [[[0.7, 0.2, 0.1], [0.1, 0.3, 0.6]], [[0.1, 0.2, 0.7], [0.5, 0.4, 0.1]]],
+            dtype=torch.float64,
+        ),
+        torch.tensor([[[0.05, 0.15, 0.8]], [[0.8, 0.15, 0.05]]], dtype=torch.float64),
+        frozenset({"witness", "distinct-rows"}),
+        call_batch_size=2,
+    ),
+    ChainCase(
+        "witness-float32",
+        "V=3 k=1 B=1 witness: float32 inputs, q far from p",
+        torch.tensor([[[0.55, 0.35, 0.1], [0.3, 0.3, 0.4]]], dtype=torch.float64),
+        torch.tensor([[[0.15, 0.15, 0.7]]], dtype=torch.float64),
+        frozenset({"witness", "float32"}),
+        dtype="float32",
+    ),
 )
 """Explicit examples of the chain test, run by every profile before the generated ones.
 
@@ -93,12 +141,55 @@ check sees at once; random cases reach such a tail only now and then, so whether
 profile's derandomised examples found that mutant depended on the hash of the test's source
 (found at once at one revision, after ten minutes of Hypothesis's target phase at the next).
 
+The call-condition witnesses (issue 21): a verifier may be lossy only under one way of being
+called, which random draws reach only with the right mode, dtype and rows together.
+``witness-b1`` calls one row at a time with q far from p (rejections 60% of steps): a
+small-batch path that draws the correction from p instead of the residual (the zoo's
+``small-batch-correction-from-target``, vllm-ascend PR 13470) moves 0.14 of the position-0 law (TV).
+``witness-distinct`` calls two rows of opposite laws together in every call (every batch
+distinct): a verifier that reads p and q of another row when no row repeats (the zoo's
+``distinct-rows-index-mixup``, TensorRT-LLM PR 12588) accepts the other row's drafts
+(their content order is the reverse of the batch's, so the mix-up swaps them).
+``witness-float32`` gives float32 inputs with q far from p: a float32-only correction that
+compares the uniform with the unnormalised residual CDF (the zoo's
+``float32-residual-unnormalised``, FlashInfer PR 221) puts 0.4 of the correction on the last
+token.
+
 Counted in the suite's budget."""
 
-SUITE_ASSERTIONS_PER_EXAMPLE = CHAIN_ASSERTIONS_PER_EXAMPLE + TREE_ASSERTIONS_PER_EXAMPLE
-"""Statistical assertions of one example of every statistical suite test (chain and tree): the
-union bound splits :data:`SUITE_FAMILY_WISE_ALPHA` over ``max_examples`` times this, whichever
-targets a run names, so a run with both a chain and a tree target stays within the budget."""
+SERVING_MAX_VOCAB = 12
+"""Largest V of a generated serving case: an engine profile's law costs about 0.5 ms a
+position (its processors run in torch per row), so the serving examples stay small."""
+
+SERVING_MAX_K = 3
+"""Largest draft block of a generated serving case."""
+
+SERVING_MAX_KINDS = 3
+"""Most row kinds (distinct requests) in one generated serving case."""
+
+SERVING_MAX_COPIES = 2
+"""Most rows of each kind per call of a generated serving case (B = kinds x copies)."""
+
+SERVING_STEPS_PER_ROW = 400
+"""Rows per kind and serving example: about 1,000 verify positions a kind, which a reference
+serving verifier of Python loops over profile laws takes a second or two for; the results
+state the TV this n detects (about 0.25 at V = 12), and the witnesses' bugs are far above it."""
+
+SERVING_ASSERTIONS_PER_EXAMPLE = SERVING_MAX_KINDS * ((SERVING_MAX_K + 1) + 1)
+"""Statistical assertions one serving example makes at most: per sampled row kind a law test
+per position (``num_draft_tokens + 1``) and an acceptance test
+(:func:`losslessness.checks.serving.serving_assertion_count`); greedy kinds are exact."""
+
+SERVING_WITNESS_EXAMPLES = 2
+"""Explicit cases the serving test runs besides the generated ones
+(:data:`losslessness.suite.serving_support.SERVING_WITNESSES`), whatever the profile."""
+
+SUITE_ASSERTIONS_PER_EXAMPLE = (
+    CHAIN_ASSERTIONS_PER_EXAMPLE + TREE_ASSERTIONS_PER_EXAMPLE + SERVING_ASSERTIONS_PER_EXAMPLE
+)
+"""Statistical assertions of one example of every statistical suite test (chain, tree and
+serving): the union bound splits :data:`SUITE_FAMILY_WISE_ALPHA` over ``max_examples`` times
+this, whichever targets a run names, so a run with several targets stays within the budget."""
 
 
 @dataclass(frozen=True)
@@ -108,10 +199,11 @@ class SuiteBudget:
     Attributes:
         profile: the settings profile's name.
         max_examples: generated examples per test.
-        assertions: ``max_examples * SUITE_ASSERTIONS_PER_EXAMPLE`` (chain and tree tests)
-            plus ``TREE_WITNESS_EXAMPLES * TREE_ASSERTIONS_PER_EXAMPLE`` and
-            ``len(CHAIN_WITNESS_CASES) * CHAIN_ASSERTIONS_PER_EXAMPLE`` (the explicit
-            examples of the tree and chain tests).
+        assertions: ``max_examples * SUITE_ASSERTIONS_PER_EXAMPLE`` (chain, tree and
+            serving tests) plus ``TREE_WITNESS_EXAMPLES * TREE_ASSERTIONS_PER_EXAMPLE``,
+            ``len(CHAIN_WITNESS_CASES) * CHAIN_ASSERTIONS_PER_EXAMPLE`` and
+            ``SERVING_WITNESS_EXAMPLES * SERVING_ASSERTIONS_PER_EXAMPLE`` (the explicit
+            examples of the tree, chain and serving tests).
         per_assertion_alpha: ``SUITE_FAMILY_WISE_ALPHA / assertions`` (Bonferroni).
     """
 
@@ -128,6 +220,7 @@ def suite_budget() -> SuiteBudget:
         max_examples * SUITE_ASSERTIONS_PER_EXAMPLE
         + TREE_WITNESS_EXAMPLES * TREE_ASSERTIONS_PER_EXAMPLE
         + len(CHAIN_WITNESS_CASES) * CHAIN_ASSERTIONS_PER_EXAMPLE
+        + SERVING_WITNESS_EXAMPLES * SERVING_ASSERTIONS_PER_EXAMPLE
     )
     profile = str(getattr(settings, "_current_profile", None) or "default")
     return SuiteBudget(profile, max_examples, assertions, SUITE_FAMILY_WISE_ALPHA / assertions)
@@ -138,8 +231,10 @@ def suite_chain_cases(draw: st.DrawFn) -> ChainCase:
     """A chain case for the suite: V small (readable) or large (many-token regimes), k in
     0..MAX_K, 1..MAX_BATCH row types, each (p_i, q_i) from
     :func:`strategies.target_draft_pairs` and the bonus p_k from
-    :func:`strategies.probability_vectors`, all regimes and relations allowed, cast to one of
-    :data:`SUITE_DTYPES` (the checks test against the law the cast rows stand for)."""
+    :func:`strategies.probability_vectors`, all regimes and relations allowed, rows in float64;
+    then the call conditions: an input dtype from :data:`SUITE_DTYPES` and a call mode from
+    :data:`CALL_BATCH_MODES` (:attr:`ChainCase.call_batch_size`). The checks test against the
+    law the cast rows stand for (:attr:`ChainCase.laws`)."""
     large = draw(st.booleans())
     vocab = draw(st.integers(SMALL_VOCAB + 1, MAX_VOCAB) if large else st.integers(1, SMALL_VOCAB))
     k = draw(st.integers(0, MAX_K))
@@ -151,12 +246,27 @@ def suite_chain_cases(draw: st.DrawFn) -> ChainCase:
         targets.append(torch.stack([p for p, _ in pairs] + [bonus]))
         drafts.append(torch.stack([q for _, q in pairs]) if k else torch.zeros((0, vocab)))
     dtype = draw(st.sampled_from(SUITE_DTYPES))
-    target_probs = project_strategies.renormalise_then_cast(torch.stack(targets), dtype)
-    draft_probs = project_strategies.renormalise_then_cast(torch.stack(drafts), dtype)
+    mode = draw(st.sampled_from(CALL_BATCH_MODES))
+    call_batch_size = {
+        "full": None,
+        "one": 1,
+        "distinct": rows,
+        "small": draw(st.integers(2, SMALL_CALL_BATCH)) if mode == "small" else None,
+    }[mode]
+    target_probs = project_strategies.renormalise_then_cast(torch.stack(targets), torch.float64)
+    draft_probs = project_strategies.renormalise_then_cast(torch.stack(drafts), torch.float64)
     event(f"V {'> ' if large else '<= '}{SMALL_VOCAB}")
-    event(f"dtype={str(dtype).removeprefix('torch.')}")
-    summary = f"V={vocab} k={k} B={rows}" + ("" if dtype is torch.float64 else f" {dtype}")
-    return ChainCase("hypothesis", summary, target_probs, draft_probs)
+    event(f"dtype={dtype}")
+    event(f"calls={mode}")
+    summary = f"V={vocab} k={k} B={rows}"
+    if call_batch_size is not None:
+        summary += f", {call_batch_size} row{'s' if call_batch_size > 1 else ''} per call"
+    if dtype != "float64":
+        summary += f", {dtype} inputs"
+    return ChainCase(
+        "hypothesis", summary, target_probs, draft_probs,
+        call_batch_size=call_batch_size, dtype=dtype,
+    )
 
 
 def _shorten(vector: torch.Tensor, shown: int = 6) -> str:
@@ -182,13 +292,27 @@ def failure_message(case: ChainCase, result: CheckResult, budget: SuiteBudget, r
         )
     row = result.row or 0
     position = result.position or 0
-    lines.append(f"  p_{position} = {_shorten(case.target_probs[row, position])}")
+    lines.append(f"  p_{position} = {_shorten(case.law_target_probs[row, position])}")
     if position < case.k:
-        lines.append(f"  q_{position} = {_shorten(case.draft_probs[row, position])}")
+        lines.append(f"  q_{position} = {_shorten(case.law_draft_probs[row, position])}")
+    if case.conditions:
+        lines.append(
+            f"  called with {case.call_batch_size or 'as many as fit'} rows per call, "
+            f"{case.dtype} inputs (p and q above: the law of the {case.dtype} rows)"
+        )
     lines.append(f"  {result.message}")
     lines.append(f"  seed {result.seed} (derived from the case hash {case.case_hash})")
     lines.append(f"  replay: {replay}")
     return "\n".join(lines)
+
+
+def example_steps(case: ChainCase) -> int:
+    """Verification steps per row type of one chain example: :data:`STEPS_PER_ROW`, or, when
+    the case's calls are small, as many as :data:`MAX_CALLS` calls of
+    ``case.call_batch_size`` rows carry (at least one call's worth)."""
+    if case.call_batch_size is None:
+        return STEPS_PER_ROW
+    return max(1, min(STEPS_PER_ROW, MAX_CALLS * case.call_batch_size // case.n_rows))
 
 
 def run_chain_example(
@@ -205,7 +329,7 @@ def run_chain_example(
     budget = suite_budget()
     seed = derive_seed(0, SUITE_CHECK_ID, case.case_hash)
     note(f"case {case.summary}, hash {case.case_hash}, seed {seed}")
-    samples = sample_chain(adapter.chain, case, STEPS_PER_ROW, seed, timeout_s=timeout_s)
+    samples = sample_chain(adapter.chain, case, example_steps(case), seed, timeout_s=timeout_s)
     context = CheckContext.for_case(
         adapter.name, case, alpha=budget.per_assertion_alpha, power=0.9, tv=0.1, seed=seed
     )

@@ -150,3 +150,33 @@ def test_suite_passes_every_lossless_chain_control_of_the_zoo(name: str, tmp_pat
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "1 passed" in result.stdout, result.stdout
+
+
+@pytest.mark.parametrize(
+    ("mutant", "witness"),
+    [
+        ("small-batch-correction-from-target", "one row per call"),
+        ("float32-residual-unnormalised", "float32 inputs"),
+        ("distinct-rows-index-mixup", "every call two distinct rows"),
+    ],
+)
+def test_suite_fails_on_each_call_condition_mutant_at_its_witness(
+    mutant: str, witness: str, tmp_path: Path
+) -> None:
+    """A verifier wrong only in batches of fewer than 16 rows, only for float32 inputs or only
+    when a call's rows all differ fails the chain suite: the suite calls it under those
+    conditions (the witness cases ``witness-b1``, ``witness-float32``, ``witness-distinct``
+    guarantee it whatever Hypothesis draws), and the message names the check, the case with
+    its call conditions, the seed and a replay line (about 10 s each, in-process)."""
+    chain = MUTANTS[mutant].adapter.chain
+    assert chain is not None
+    target = f"{chain.__module__}:{chain.__name__}"
+    result = run_suite(
+        "--losslessness-profile=ci", f"--losslessness-target={target}",
+        "--losslessness-in-process", tmp_path=tmp_path,
+    )
+    output = result.stdout
+    assert result.returncode == 1, output + result.stderr
+    assert re.search(rf"losslessness: LOSSY \S+.*witness: {witness}", output), output
+    assert re.search(r"seed \d+ \(derived from the case hash [0-9a-f]{12}\)", output)
+    assert f"replay: pytest --losslessness-target={target} --losslessness-profile=ci" in output
