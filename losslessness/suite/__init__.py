@@ -22,9 +22,10 @@ false-alarm rate does not rely on their independence:
   for the tree test, :data:`SERVING_ASSERTIONS_PER_EXAMPLE` for the serving test), and the
   explicit witness examples theirs; Bonferroni splits the family-wise rate
   :data:`losslessness.stats.SUITE_FAMILY_WISE_ALPHA`
-  over ``max_examples x`` their sum (:data:`SUITE_ASSERTIONS_PER_EXAMPLE`), whichever of the
-  two tests a run collects, which holds under any dependence between the examples, however
-  Hypothesis picked them;
+  over ``max_examples x`` the tree test's plus the larger of the chain and serving tests'
+  (:data:`SUITE_ASSERTIONS_PER_EXAMPLE`: a run collects the chain or the serving module, never
+  both), whichever of the tests a run collects, which holds under any dependence between the
+  examples, however Hypothesis picked them;
 - each *assertion* is valid whatever case it is given: given the case, its samples come from a
   generator seeded by the case's hash, independent of how the case was chosen, so the
   probability that a correct verifier fails it is at most the per-assertion level;

@@ -184,12 +184,14 @@ SERVING_WITNESS_EXAMPLES = 2
 """Explicit cases the serving test runs besides the generated ones
 (:data:`losslessness.suite.serving_support.SERVING_WITNESSES`), whatever the profile."""
 
-SUITE_ASSERTIONS_PER_EXAMPLE = (
-    CHAIN_ASSERTIONS_PER_EXAMPLE + TREE_ASSERTIONS_PER_EXAMPLE + SERVING_ASSERTIONS_PER_EXAMPLE
+SUITE_ASSERTIONS_PER_EXAMPLE = TREE_ASSERTIONS_PER_EXAMPLE + max(
+    CHAIN_ASSERTIONS_PER_EXAMPLE, SERVING_ASSERTIONS_PER_EXAMPLE
 )
-"""Statistical assertions of one example of every statistical suite test (chain, tree and
-serving): the union bound splits :data:`SUITE_FAMILY_WISE_ALPHA` over ``max_examples`` times
-this, whichever targets a run names, so a run with several targets stays within the budget."""
+"""Statistical assertions of one example of every statistical suite test one run can collect:
+the tree test, and the chain or the serving test (``--losslessness-protocol`` makes
+``--losslessness-target`` one or the other, never both). The union bound splits
+:data:`SUITE_FAMILY_WISE_ALPHA` over ``max_examples`` times this, whichever targets a run
+names, so a run with several targets stays within the budget."""
 
 
 @dataclass(frozen=True)
@@ -199,11 +201,11 @@ class SuiteBudget:
     Attributes:
         profile: the settings profile's name.
         max_examples: generated examples per test.
-        assertions: ``max_examples * SUITE_ASSERTIONS_PER_EXAMPLE`` (chain, tree and
-            serving tests) plus ``TREE_WITNESS_EXAMPLES * TREE_ASSERTIONS_PER_EXAMPLE``,
-            ``len(CHAIN_WITNESS_CASES) * CHAIN_ASSERTIONS_PER_EXAMPLE`` and
-            ``SERVING_WITNESS_EXAMPLES * SERVING_ASSERTIONS_PER_EXAMPLE`` (the explicit
-            examples of the tree, chain and serving tests).
+        assertions: ``max_examples * SUITE_ASSERTIONS_PER_EXAMPLE`` (the tree test and
+            the chain or serving test) plus ``TREE_WITNESS_EXAMPLES *
+            TREE_ASSERTIONS_PER_EXAMPLE`` and the larger of ``len(CHAIN_WITNESS_CASES) *
+            CHAIN_ASSERTIONS_PER_EXAMPLE`` and ``SERVING_WITNESS_EXAMPLES *
+            SERVING_ASSERTIONS_PER_EXAMPLE`` (the explicit examples).
         per_assertion_alpha: ``SUITE_FAMILY_WISE_ALPHA / assertions`` (Bonferroni).
     """
 
@@ -219,8 +221,10 @@ def suite_budget() -> SuiteBudget:
     assertions = (
         max_examples * SUITE_ASSERTIONS_PER_EXAMPLE
         + TREE_WITNESS_EXAMPLES * TREE_ASSERTIONS_PER_EXAMPLE
-        + len(CHAIN_WITNESS_CASES) * CHAIN_ASSERTIONS_PER_EXAMPLE
-        + SERVING_WITNESS_EXAMPLES * SERVING_ASSERTIONS_PER_EXAMPLE
+        + max(
+            len(CHAIN_WITNESS_CASES) * CHAIN_ASSERTIONS_PER_EXAMPLE,
+            SERVING_WITNESS_EXAMPLES * SERVING_ASSERTIONS_PER_EXAMPLE,
+        )
     )
     profile = str(getattr(settings, "_current_profile", None) or "default")
     return SuiteBudget(profile, max_examples, assertions, SUITE_FAMILY_WISE_ALPHA / assertions)

@@ -59,7 +59,9 @@ def test_suite_passes_on_the_reference(profile: str, tmp_path: Path) -> None:
         ("ratio_inverted", "law|structure", 2),
         ("acceptance_never_stops", "law|structure", 2),
         ("shared_random_stream", "law|independence", 2),
-        ("clamp_target_at_floor", "law", 2),
+        # With bfloat16 inputs tiny masses round to 0, and the floor then emits a token of
+        # law 0: the exact structure check may see it first.
+        ("clamp_target_at_floor", "law|structure", 2),
         # Slow (about a minute on 2 cores): the failure needs V > 16, whose shrink is long.
         pytest.param("residual_truncated_to_top16", "law", 17, marks=pytest.mark.slow),
     ],
