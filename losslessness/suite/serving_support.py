@@ -39,7 +39,6 @@ from losslessness.reference.serving import ServingRowLaws
 from losslessness.requests import Request, UnsupportedRequest
 from losslessness.results import CheckContext, CheckResult, Verdict
 from losslessness.seeding import derive_seed
-from losslessness.stats import SUITE_FAMILY_WISE_ALPHA
 from losslessness.suite.support import (
     SERVING_MAX_COPIES,
     SERVING_MAX_K,
@@ -47,6 +46,7 @@ from losslessness.suite.support import (
     SERVING_MAX_VOCAB,
     SERVING_STEPS_PER_ROW,
     SuiteBudget,
+    failure_headline,
     suite_budget,
 )
 from losslessness.worker import ProtocolViolation
@@ -294,18 +294,7 @@ def serving_failure_message(
 ) -> str:
     """The message of a failed serving assertion: the check, position and row kind, the
     case, the kind's request and drafts, the evidence, the seed and a replay command."""
-    lines = [
-        f"losslessness: LOSSY {result.check_id}"
-        + (f" at position {result.position}" if result.position is not None else "")
-        + (f", row kind {result.row}" if result.row is not None else "")
-        + f" ({case.summary})"
-    ]
-    if result.p_value is not None and result.kind.value == "statistical":
-        lines.append(
-            f"  p-value {result.p_value:.3g} <= alpha {result.alpha:.3g} (family-wise "
-            f"{SUITE_FAMILY_WISE_ALPHA:g} over {budget.assertions} assertions, profile "
-            f"{budget.profile})"
-        )
+    lines = failure_headline(result, case.summary, budget, row_word="row kind")
     if result.row is not None:
         row = case.rows[result.row]
         lines.append(f"  row kind {result.row} ({row.label}): {_describe(row.request)}")

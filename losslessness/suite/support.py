@@ -279,14 +279,17 @@ def _shorten(vector: torch.Tensor, shown: int = 6) -> str:
     return f"[{values}{more}]"
 
 
-def failure_message(case: ChainCase, result: CheckResult, budget: SuiteBudget, replay: str) -> str:
-    """The message of a failed assertion: check, position, case (p, q shortened), seed and a
-    one-line replay command."""
+def failure_headline(
+    result: CheckResult, summary: str, budget: SuiteBudget, row_word: str = "row"
+) -> list[str]:
+    """The first lines of a failure message, shared by the suite's tests: verdict, check,
+    position, ``row_word`` and row, the case's summary; for a statistical assertion its
+    p-value against the suite's per-assertion level and budget."""
     lines = [
         f"losslessness: {result.verdict.value} {result.check_id}"
         + (f" at position {result.position}" if result.position is not None else "")
-        + (f", row {result.row}" if result.row is not None else "")
-        + f" ({case.summary})"
+        + (f", {row_word} {result.row}" if result.row is not None else "")
+        + f" ({summary})"
     ]
     if result.p_value is not None and result.kind.value == "statistical":
         lines.append(
@@ -294,6 +297,13 @@ def failure_message(case: ChainCase, result: CheckResult, budget: SuiteBudget, r
             f"{SUITE_FAMILY_WISE_ALPHA:g} over {budget.assertions} assertions, profile "
             f"{budget.profile})"
         )
+    return lines
+
+
+def failure_message(case: ChainCase, result: CheckResult, budget: SuiteBudget, replay: str) -> str:
+    """The message of a failed assertion: check, position, case (p, q shortened), seed and a
+    one-line replay command."""
+    lines = failure_headline(result, case.summary, budget)
     row = result.row or 0
     position = result.position or 0
     lines.append(f"  p_{position} = {_shorten(case.law_target_probs[row, position])}")
