@@ -93,17 +93,18 @@ def test_a_serving_target_that_exits_or_hangs_is_an_error_and_the_rest_still_run
     result = CliRunner().invoke(
         main,
         ["audit", "--protocol", "serving", f"tests.serving.targets:{target}", "--case",
-         "serving-b1", "--case", "serving-temperatures", "--steps", "200", "--timeout", "5",
-         "--no-progress"],
+         "serving-b1", "--case", "serving-temperatures", "--case", "seed-contract",
+         "--steps", "200", "--timeout", "5", "--no-progress"],
     )
     assert result.exit_code == 3, result.output
     assert "IRREPRODUCIBLE" not in result.output and "LOSSY" not in result.output
     assert re.search(r"ERROR +tests\.serving\.targets:" + target, result.output), result.output
     word = "exited" if target.startswith("exits") else "timed out|took longer|hung"
     assert re.search(word, result.output), result.output
-    assert re.search(r"serving\.law +│ serving-temperatures\S* +│.*│ PASS", result.output), (
+    assert re.search(r"serving\.law +│ serving-temperatures\[[^]]*\] +│.*│ PASS", result.output), (
         result.output
     )
+    assert re.search(r"seed\.contract +│ seed-contract +│.*│ ERROR", result.output), result.output
 
 
 def test_a_serving_target_that_lies_about_its_output_shape_is_lossy_at_structure() -> None:
