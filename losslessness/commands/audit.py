@@ -30,7 +30,6 @@ from losslessness.commands.options import (
 from losslessness.commands.signals import handles_signals
 from losslessness.config import RunConfig
 from losslessness.engine import run_audit
-from losslessness.engine.parallel import available_cpus
 from losslessness.engine.plan import load_device_checks, plan_run
 from losslessness.engine.scheduler import run_shard
 from losslessness.engine.shards import ShardResult, ShardSpec
@@ -168,7 +167,7 @@ def report_console() -> Console:
     type=click.IntRange(min=1),
     default=None,
     envvar="LOSSLESSNESS_JOBS",
-    help="Processes the audit runs its units in (default: one per available CPU; also "
+    help="Processes the audit runs its units in (default 1; also "
     "LOSSLESSNESS_JOBS): shards of the unit grid in child processes, merged exactly as one "
     "process's run. A run planned below 100000 verify steps, a --time-budget and --in-process "
     "use one.",
@@ -216,7 +215,7 @@ def audit_command(
             result = run_audit(
                 resolved, config, progress=update,
                 announce=lambda claim: console.print(f"time budget: {claim}"),
-                jobs=1 if options["in_process"] else jobs or available_cpus(),
+                jobs=1 if options["in_process"] else jobs or 1,
                 shard_runner=functools.partial(run_child_shard, config, names),
             )
     except ValueError as error:
