@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from losslessness.adapters.base import Adapter, AdapterUnavailable
+from losslessness.adapters.base import Adapter, AdapterUnavailable, seed_global_rng
 from losslessness.protocol import PLACEHOLDER, validate_chain_inputs
 
 _FLAGS_FALSE = ("is_done_candidate", "last_assistant_token_is_eos")
@@ -102,7 +102,7 @@ class SpeculativeSamplingVerifier:
         out = torch.full((batch, k + 1), PLACEHOLDER, dtype=torch.int64)
         seed = int(torch.randint(0, 2**62, (1,), generator=generator))
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
+            seed_global_rng(seed, target_probs.device)
             for b in range(batch):
                 returned = self.function(
                     **self._arguments(

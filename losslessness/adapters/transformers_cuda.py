@@ -4,7 +4,7 @@ The conversion (logits = log p, one call per row, global RNG seeded from the aud
 generator, signature inspection) is :class:`losslessness.adapters.transformers.
 SpeculativeSamplingVerifier`'s; this module only moves the inputs to the device, so that the
 function's ``torch.rand``/``torch.multinomial`` draw from the CUDA generator, and restores the
-caller's CUDA RNG state afterwards (``torch.random.fork_rng``). ``torch.manual_seed`` inside
+caller's CUDA RNG state afterwards (``torch.random.fork_rng``). ``seed_global_rng`` inside
 the wrapped verifier seeds every device, so runs replay. Written against transformers 5.x
 (``generation/utils.py``); the inner verifier's inspection keeps 4.38+ working.
 """

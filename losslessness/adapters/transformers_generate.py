@@ -53,7 +53,12 @@ from typing import Any
 
 import torch
 
-from losslessness.adapters.base import Adapter, AdapterUnavailable, EndToEndTarget
+from losslessness.adapters.base import (
+    Adapter,
+    AdapterUnavailable,
+    EndToEndTarget,
+    seed_global_rng,
+)
 from losslessness.protocol import InvalidInputError
 
 TRANSFORMERS_VERSION_WRITTEN_AGAINST = "5.23.0"
@@ -206,7 +211,7 @@ def _seeded(seed: int) -> Iterator[None]:
     """
     threads = torch.get_num_threads()
     with torch.random.fork_rng(devices=[]), torch.no_grad():
-        torch.manual_seed(seed)
+        seed_global_rng(seed)
         torch.set_num_threads(1)
         try:
             yield

@@ -82,7 +82,12 @@ from typing import Any
 
 import torch
 
-from losslessness.adapters.base import Adapter, AdapterUnavailable, NotApplicable
+from losslessness.adapters.base import (
+    Adapter,
+    AdapterUnavailable,
+    NotApplicable,
+    seed_global_rng,
+)
 from losslessness.adapters.engines import (
     REQUIREMENTS_FILE,
     EngineSpec,
@@ -364,7 +369,7 @@ class VllmV1Sampler:
         spec = self._metadata(drafts, k)
         metadata = self._sampling_metadata(batch, greedy, seeds[1:])
         with torch.random.fork_rng(devices=[]), self._accept_uniforms(accept):
-            torch.manual_seed(seeds[0])
+            seed_global_rng(seeds[0], self.device)
             output = self.sampler(spec, draft_probs, logits, metadata)
         tokens: torch.Tensor = output.sampled_token_ids
         return tokens.to(torch.int64).cpu()

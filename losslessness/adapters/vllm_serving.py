@@ -60,6 +60,7 @@ from typing import Any
 
 import torch
 
+from losslessness.adapters.base import seed_global_rng
 from losslessness.protocol import PLACEHOLDER, validate_serving_inputs
 from losslessness.requests import Request, UnsupportedRequest
 
@@ -256,7 +257,7 @@ class VllmV1Serving:
         devices = [self.device] if self.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices), self._on_cpu():
             metadata = self._input_batch(requests, drafts, vocab)
-            torch.manual_seed(seed)
+            seed_global_rng(seed, self.device)
             output = self.sampler(spec, probs, logits.to(self.device).contiguous(), metadata)
         tokens = output.sampled_token_ids.to(torch.int64).cpu()
         out = torch.full((batch, k + 1), PLACEHOLDER, dtype=torch.int64)

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import pickle
 import sys
 from pathlib import Path
 from typing import Any
 
 import click
+import torch
 from rich.console import Console
 
 from losslessness.adapters import Adapter
@@ -30,7 +32,8 @@ from losslessness.commands.options import (
 from losslessness.commands.signals import handles_signals
 from losslessness.config import RunConfig
 from losslessness.engine import run_audit
-from losslessness.engine.plan import load_device_checks, plan_run
+from losslessness.engine.parallel import available_cpus, threads_per_job
+from losslessness.engine.plan import RunPlan, load_device_checks, plan_run
 from losslessness.engine.scheduler import run_shard
 from losslessness.engine.shards import ShardResult, ShardSpec
 from losslessness.targets import UnavailableTarget, resolve_targets
@@ -104,12 +107,22 @@ class TargetNames:
         )
 
 
+_CHILD_PLAN: dict[str, Any] = {}
+"""A child's resolved targets' plan, kept between its shards (``key``: the pickled config and
+target names it was made for; ``plan``: the :class:`RunPlan`)."""
+
+
 def run_child_shard(config: RunConfig, targets: TargetNames, spec: ShardSpec) -> ShardResult:
     """Shard ``spec`` of an audit, in a child process of ``--jobs``
     (:data:`losslessness.engine.parallel.ShardRunner`): resolve the targets, plan the run as
     the parent did (no time budget: ``--jobs`` runs without one) and run the shard."""
-    note = load_device_checks()[1] if config.device_checks else None
-    return run_shard(plan_run(config, targets.resolve(), note), spec)
+    key = pickle.dumps((config, targets))
+    if _CHILD_PLAN.get("key") != key:
+        # Once per child: resolving starts the targets' worker processes.
+        note = load_device_checks()[1] if config.device_checks else None
+        _CHILD_PLAN.update(key=key, plan=plan_run(config, targets.resolve(), note))
+    plan: RunPlan = _CHILD_PLAN["plan"]
+    return run_shard(plan, spec)
 
 
 def report_console() -> Console:
@@ -167,10 +180,10 @@ def report_console() -> Console:
     type=click.IntRange(min=1),
     default=None,
     envvar="LOSSLESSNESS_JOBS",
-    help="Processes the audit runs its units in (default 1; also "
+    help="Processes the audit runs its units in (default one per available CPU; also "
     "LOSSLESSNESS_JOBS): shards of the unit grid in child processes, merged exactly as one "
-    "process's run. A run planned below 100000 verify steps, a --time-budget and --in-process "
-    "use one.",
+    "process's run, the CPUs' threads divided between them. A run planned below 100000 verify "
+    "steps, a --time-budget and --in-process use one process.",
 )
 @click.option("--no-progress", is_flag=True, help="Do not show a progress bar.")
 @handles_signals
@@ -208,6 +221,10 @@ def audit_command(
         targets, greedy, tree_targets, tree_greedy_targets, options["in_process"], protocol,
         engine_profile,
     )
+    jobs = 1 if options["in_process"] else jobs or available_cpus()
+    if jobs > 1:
+        # Before the targets' workers start: they take this process's thread count.
+        torch.set_num_threads(threads_per_job(jobs))
     resolved = names.resolve()
     console = report_console()
     try:
@@ -215,7 +232,7 @@ def audit_command(
             result = run_audit(
                 resolved, config, progress=update,
                 announce=lambda claim: console.print(f"time budget: {claim}"),
-                jobs=1 if options["in_process"] else jobs or 1,
+                jobs=jobs,
                 shard_runner=functools.partial(run_child_shard, config, names),
             )
     except ValueError as error:

@@ -4,6 +4,7 @@ has one), then the finish.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -55,6 +56,7 @@ def run_audit(
     Raises:
         ValueError: unknown case ids in ``config.cases``; ``jobs`` below 1.
     """
+    began = time.perf_counter()
     config = config or RunConfig()
     note = load_device_checks()[1] if config.device_checks else None
     plan, deadline, claim = plan_within_budget(config, targets, note, announce)
@@ -64,6 +66,10 @@ def run_audit(
     else:
         shards = [run_shard(plan, ShardSpec(0, 1), work_dir, progress, deadline)]
     audit = finish_run(shards).audit
+    if processes > 1 and len(shards) > 1:
+        # The shards ran side by side: their times add up to CPU time, not to the run's.
+        audit.wall_time_s = time.perf_counter() - began
+        audit.environment["processes"] = str(processes)
     if claim is not None:
         audit.environment["time budget"] = claim
     return audit

@@ -4,11 +4,11 @@ The run's unit grid does not depend on how it is split (:mod:`losslessness.engin
 shards ``i/M`` run anywhere merge to the one-process run count for count
 (:func:`losslessness.engine.finish.finish_run`): this module only places them. The calling
 process and ``N - 1`` child processes (started with ``spawn``: fresh interpreters sharing none
-of the parent's torch or target state) take the ``M = 4N`` shards one at a time from a shared
-counter, so a process whose shards were cheap takes more. The calling process runs them with
-the targets it already resolved; a child resolves and plans the run again through the caller's
-:data:`ShardRunner` and sends each finished :class:`~losslessness.engine.shards.ShardResult`
-back through a pipe.
+of the parent's torch or target state) take the shards, one unit each, one at a time from a
+shared counter, longest first (:func:`longest_first`), so the processes end nearly together.
+The calling process runs them with the targets it already resolved; a child resolves and plans
+the run once through the caller's :data:`ShardRunner` and sends each finished
+:class:`~losslessness.engine.shards.ShardResult` back through a pipe.
 
 What a careful operator would want, and what this module does:
 
@@ -32,8 +32,10 @@ import ctypes
 import multiprocessing
 import os
 import pickle
+import queue
 import signal
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -43,8 +45,10 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from losslessness.engine import interrupts
-from losslessness.engine.plan import RunPlan
+from losslessness.engine.plan import RunPlan, Unit, UnitKind
 from losslessness.engine.scheduler import run_shard
 from losslessness.engine.shards import FailureKind, ShardResult, ShardSpec, UnitRecord
 from losslessness.engine.state import INTERRUPTED_MESSAGE, ProgressCallback
@@ -60,11 +64,6 @@ MIN_PARALLEL_STEPS = 100_000
 interpreter importing torch, then its own target workers) takes about 5-10 s of CPU on two
 cores, more than a run this small saves (the reference verifies about 10^5 steps per second)."""
 
-SHARDS_PER_JOB = 4
-"""Shards per process: the processes take them one at a time, so one that drew cheap units
-takes more and the run ends nearly together (static halves left one core idle for a minute of
-the default audit: one end-to-end target's units landed on one side)."""
-
 CHILD_GRACE_S = 60.0
 """Seconds an interrupted child has, after SIGTERM, to send the results it finished before it
 is killed (a target call in progress may first have to end or time out)."""
@@ -77,6 +76,20 @@ def available_cpus() -> int:
     if hasattr(os, "sched_getaffinity"):
         return max(1, len(os.sched_getaffinity(0)))
     return max(1, os.cpu_count() or 1)
+
+
+def threads_per_job(jobs: int) -> int:
+    """Intra-op threads each of ``jobs`` processes gets: the available CPUs divided between
+    them, at least 1. Without the division every process (and each of its target workers) takes
+    torch's default of one thread per CPU: on 2 cores two jobs ran the default audit slower
+    than one (tiny per-row ops are 3-12x slower on an oversubscribed pool).
+
+    Raises:
+        ValueError: ``jobs`` below 1 (the message names ``--jobs``).
+    """
+    if jobs < 1:
+        raise ValueError(f"--jobs: must be >= 1, got {jobs}")
+    return max(1, available_cpus() // jobs)
 
 
 def parallel_jobs(plan: RunPlan, jobs: int) -> int:
@@ -99,30 +112,51 @@ def _die_with_parent() -> None:
             ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-def _next_shard(counter: Any, count: int) -> int | None:
-    """Take the next shard index from the shared counter, or None when all are taken."""
+def longest_first(plan: RunPlan) -> list[int]:
+    """The order in which the processes take the shards (one unit each): end-to-end units
+    first (a model's forward passes per step: seconds per hundred steps), then the others by
+    planned steps, most first, ties in grid order. Longest-processing-time-first leaves at most
+    about one unit's time between the processes' ends; taken in grid order, the default audit's
+    largest transformers units came last and left one core idle.
+
+    Returns:
+        Shard indices (``ShardSpec(i, len(plan.units))`` runs unit ``i``), a permutation.
+    """
+    def cost(unit: Unit) -> tuple[bool, int, int]:
+        return (unit.kind is not UnitKind.END_TO_END, -plan.planned_steps([unit]), unit.index)
+
+    return [unit.index for unit in sorted(plan.units, key=cost)]
+
+
+def _next_shard(counter: Any, order: list[int]) -> int | None:
+    """Take the next shard index of ``order`` from the shared counter, or None when all are
+    taken."""
     with counter.get_lock():
-        index = int(counter.value)
-        if index >= count:
+        position = int(counter.value)
+        if position >= len(order):
             return None
-        counter.value = index + 1
-    return index
+        counter.value = position + 1
+    return order[position]
 
 
-def _child_main(runner: ShardRunner, count: int, counter: Any, connection: Connection) -> None:
+def _child_main(
+    runner: ShardRunner, order: list[int], counter: Any, connection: Connection, threads: int
+) -> None:
     """A child's body: take shards from ``counter`` until none is left, sending
     ``("result", ShardResult)`` after each (what finished survives a later crash), or
     ``("error", index, traceback text)``; then ``("done", None)``. SIGTERM interrupts the
-    shard in progress (finished units kept) and takes no more; SIGINT is ignored."""
+    shard in progress (finished units kept) and takes no more; SIGINT is ignored. The child,
+    and the target workers it starts, use ``threads`` intra-op threads."""
     _die_with_parent()
+    torch.set_num_threads(threads)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(
         signal.SIGTERM,
         lambda signum, frame: interrupts.interrupt(KeyboardInterrupt("SIGTERM from the audit")),
     )
-    while interrupts.interrupted() is None and (index := _next_shard(counter, count)) is not None:
+    while interrupts.interrupted() is None and (index := _next_shard(counter, order)) is not None:
         try:
-            message: tuple[Any, ...] = ("result", runner(ShardSpec(index, count)))
+            message: tuple[Any, ...] = ("result", runner(ShardSpec(index, len(order))))
         except BaseException:
             message = ("error", index, traceback.format_exc())
         # Plain pickle, by value: the multiprocessing pickler would pass tensors as file
@@ -159,7 +193,13 @@ def _was_interrupted(result: ShardResult) -> bool:
 
 
 class _Child:
-    """One child process, its pipe, and what it has sent."""
+    """One child process, its pipe, and what it has sent.
+
+    A reader thread takes the child's messages off the pipe as they come: a shard's result is
+    often larger than the pipe's buffer, and a child whose send waited for this process to
+    finish its own shard sat idle for the length of that shard (the default audit on two
+    processes ran barely faster than on one).
+    """
 
     def __init__(self, process: BaseProcess, connection: Connection) -> None:
         self.process = process
@@ -167,17 +207,33 @@ class _Child:
         self.results: dict[int, ShardResult] = {}
         self.errors: dict[int, str] = {}
         self.done = False
+        self._inbox: queue.Queue[bytes | None] = queue.Queue()
+        self._reader = threading.Thread(
+            target=self._receive, name="losslessness-audit-shard-reader", daemon=True
+        )
+        self._reader.start()
+
+    def _receive(self) -> None:
+        """The reader thread: every message into the inbox, then None once the pipe ends."""
+        try:
+            while True:
+                self._inbox.put(self.connection.recv_bytes())
+        except (EOFError, OSError):
+            self._inbox.put(None)
 
     def read(self, plan: RunPlan, wait: float) -> list[ShardResult]:
         """Read what the child sent within ``wait`` seconds; returns the new results."""
         new: list[ShardResult] = []
-        while not self.done and self.connection.poll(wait):
-            wait = 0.0
+        while not self.done:
             try:
-                message = pickle.loads(self.connection.recv_bytes())
-            except (EOFError, OSError):
+                data = self._inbox.get(timeout=wait) if wait > 0 else self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            wait = 0.0
+            if data is None:
                 self.done = True
                 break
+            message = pickle.loads(data)
             if message[0] == "done":
                 self.done = True
             elif message[0] == "error":
@@ -202,11 +258,18 @@ class _Child:
         deadline = time.monotonic() + CHILD_GRACE_S if interrupted else None
         while not self.done and (deadline is None or time.monotonic() < deadline):
             self.read(plan, 1.0)
-            if not self.done and not self.process.is_alive() and not self.connection.poll(0):
+            if (
+                not self.done
+                and not self.process.is_alive()
+                and not self._reader.is_alive()
+                and self._inbox.empty()
+            ):
                 break
         if self.process.is_alive():
             self.process.kill()
         self.process.join()
+        # The child is gone, so its end of the pipe is closed and the reader sees the end.
+        self._reader.join(timeout=CHILD_GRACE_S)
         self.connection.close()
 
 
@@ -217,9 +280,9 @@ def run_shards_in_processes(
     work_dir: str | Path | None = None,
     progress: ProgressCallback | None = None,
 ) -> list[ShardResult]:
-    """Run ``plan`` as :data:`SHARDS_PER_JOB` x ``jobs`` shards taken, one at a time, by this
-    process and ``jobs - 1`` child processes from a shared counter (a process that finishes
-    early takes more: the shards' costs need not be known).
+    """Run ``plan`` as one shard per unit, taken one at a time by this process and
+    ``jobs - 1`` child processes from a shared counter in :func:`longest_first` order (a
+    process that drew cheap units takes more).
 
     Args:
         plan: the run's plan (this process runs it as it is; children plan again and must
@@ -240,7 +303,8 @@ def run_shards_in_processes(
     """
     if jobs < 1:
         raise ValueError(f"jobs: must be >= 1, got {jobs}")
-    count = max(1, min(SHARDS_PER_JOB * jobs, len(plan.units)))
+    count = max(1, len(plan.units))
+    order = longest_first(plan) or [0]
     planned = plan.planned_steps(plan.units)
     context = multiprocessing.get_context("spawn")
     counter = context.Value("i", 0)
@@ -261,14 +325,15 @@ def run_shards_in_processes(
         for _ in range(jobs - 1):
             receive, send = context.Pipe(duplex=False)
             process = context.Process(
-                target=_child_main, args=(runner, count, counter, send), daemon=True,
+                target=_child_main, args=(runner, order, counter, send, threads_per_job(jobs)),
+                daemon=True,
                 name="losslessness-audit-shards",
             )
             process.start()
             send.close()
             children.append(_Child(process, receive))
         interrupted = False
-        while not interrupted and (index := _next_shard(counter, count)) is not None:
+        while not interrupted and (index := _next_shard(counter, order)) is not None:
             spec = ShardSpec(index, count)
             result = run_shard(plan, spec, work_dir, tell)
             mine[index] = result
@@ -278,7 +343,7 @@ def run_shards_in_processes(
                 arrived(child.read(plan, 0.0))
         if interrupted:
             with counter.get_lock():
-                counter.value = count
+                counter.value = len(order)
         for child in children:
             interrupted = interrupted or interrupts.interrupted() is not None
             before = len(child.results)
@@ -322,9 +387,10 @@ def _units_of(plan: RunPlan, spec: ShardSpec) -> list[Any]:
 __all__ = [
     "CHILD_GRACE_S",
     "MIN_PARALLEL_STEPS",
-    "SHARDS_PER_JOB",
     "ShardRunner",
     "available_cpus",
+    "longest_first",
     "parallel_jobs",
     "run_shards_in_processes",
+    "threads_per_job",
 ]

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from losslessness.adapters import AdapterUnavailable
+from losslessness.adapters.base import seed_global_rng
 from losslessness.adapters.transformers import SpeculativeSamplingVerifier
 from losslessness.batteries import default_chain_battery
 from losslessness.config import AuditConfig
@@ -120,3 +121,27 @@ def test_transformers_is_lossless_on_the_small_battery_cases() -> None:
     assert target.verdict is TargetVerdict.LOSSLESS, [
         c.message for c in target.checks if c.verdict.value != "PASS"
     ]
+
+
+def test_seeding_draws_as_torch_manual_seed_without_queueing_lazy_device_calls() -> None:
+    """seed_global_rng seeds the CPU generator exactly as torch.manual_seed does, and without
+    CUDA initialised it queues nothing (torch.manual_seed queues a lazy CUDA, XPU and MTIA call
+    with a formatted stack each time: 2.5 ms per verify call and a queue that grows all run)."""
+    queued = getattr(torch.cuda, "_queued_calls", [])
+    with torch.random.fork_rng(devices=[]):
+        seed_global_rng(1234)
+        ours = torch.rand(5)
+        torch.manual_seed(1234)
+        theirs = torch.rand(5)
+    assert torch.equal(ours, theirs)
+    if not torch.cuda.is_initialized():
+        before = len(queued)
+        verifier = SpeculativeSamplingVerifier(real)
+        case = next(c for c in default_chain_battery() if c.case_id == "v2-tilted")
+        drafts = torch.zeros((4, case.k), dtype=torch.int64)
+        generator = torch.Generator().manual_seed(0)
+        target = case.input_target_probs.expand(4, -1, -1)
+        draft = case.input_draft_probs.expand(4, -1, -1)
+        for _ in range(3):
+            verifier(target, draft, drafts, generator)
+        assert len(queued) == before, (before, len(queued))

@@ -13,6 +13,7 @@ import pytest
 from losslessness.commands.audit import TargetNames, run_child_shard
 from losslessness.config import RunConfig
 from losslessness.engine import parallel, run_audit
+from losslessness.engine.plan import UnitKind, plan_run
 from losslessness.engine.shards import ShardResult, ShardSpec
 from losslessness.results import Verdict
 
@@ -46,13 +47,13 @@ def child_takes_shard_1(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     take = parallel._next_shard
     handed_over: list[bool] = []
 
-    def leave_shard_1(counter: Any, count: int) -> int | None:
+    def leave_shard_1(counter: Any, order: list[int]) -> int | None:
         deadline = time.monotonic() + 120
         while counter.value == 1 and time.monotonic() < deadline:
             time.sleep(0.05)
         if counter.value > 1 and not handed_over:
             handed_over.append(True)
-        return take(counter, count)
+        return take(counter, order)
 
     monkeypatch.setattr(parallel, "_next_shard", leave_shard_1)
     return handed_over
@@ -113,3 +114,32 @@ def test_small_plans_and_one_job_stay_in_one_process() -> None:
     assert parallel.parallel_jobs(plan, 8) == 1
     with pytest.raises(ValueError, match="--jobs"):
         parallel.parallel_jobs(plan, 0)
+
+
+def test_shards_are_taken_end_to_end_first_then_by_planned_steps() -> None:
+    """longest_first is a permutation of the unit grid: end-to-end units before the others,
+    the rest in non-increasing planned steps (the default audit's plan, whose transformers
+    units and generate loops are what two processes must spread)."""
+    names = TargetNames((), False, (), (), False, None, None)
+    plan = plan_run(RunConfig(), names.resolve(), None)
+    order = parallel.longest_first(plan)
+    units = {unit.index: unit for unit in plan.units}
+    assert sorted(order) == sorted(units)
+    kinds = [units[i].kind is UnitKind.END_TO_END for i in order]
+    assert kinds == sorted(kinds, reverse=True) and any(kinds)
+    rest = [
+        plan.planned_steps([units[i]]) for i, first in zip(order, kinds, strict=True) if not first
+    ]
+    assert rest == sorted(rest, reverse=True)
+
+
+@pytest.mark.parametrize(("cpus", "jobs", "threads"), [(2, 1, 2), (2, 2, 1), (2, 3, 1), (16, 3, 5)])
+def test_each_job_gets_its_share_of_the_cpus_threads(
+    monkeypatch: pytest.MonkeyPatch, cpus: int, jobs: int, threads: int
+) -> None:
+    """threads_per_job divides the available CPUs between the jobs, at least one thread each
+    (two processes each on torch's default of one thread per CPU oversubscribe the cores)."""
+    monkeypatch.setattr(parallel, "available_cpus", lambda: cpus)
+    assert parallel.threads_per_job(jobs) == threads
+    with pytest.raises(ValueError, match="--jobs"):
+        parallel.threads_per_job(0)
