@@ -75,6 +75,7 @@ from __future__ import annotations
 
 import types
 from collections.abc import Callable, Sequence
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -84,7 +85,13 @@ from losslessness.protocol import PLACEHOLDER, validate_serving_inputs
 from losslessness.reference.profiles.steps import unsupported
 from losslessness.requests import Request
 
-__all__ = ["SglangEngineFunctions", "SglangServingVerifier", "emitted_chain"]
+__all__ = [
+    "SglangEngineFunctions",
+    "SglangServingVerifier",
+    "emitted_chain",
+    "sglang_penalizer_orchestrator",
+    "sglang_sampling_params",
+]
 
 ENGINE = "sglang 0.5.23 (EAGLE verify, rejection sampling)"
 
@@ -96,6 +103,67 @@ class _ScheduleBatch:
     def __init__(self, reqs: list[Any]) -> None:
         self.reqs = reqs
         self.device = "cpu"
+
+
+def sglang_sampling_params(factory: Callable[..., Any], request: Request) -> Any:
+    """SGLang's ``SamplingParams`` of ``request`` (sglang 0.5.23,
+    ``python/sglang/srt/sampling/sampling_params.py``): unset top-k, top-p and min-p as SGLang's
+    defaults (-1, 1.0, 0.0), ``min_tokens`` as ``min_new_tokens``, the logit bias keyed by
+    token id strings, the seed as ``sampling_seed``.
+
+    Args:
+        factory: ``sglang.srt.sampling.sampling_params.SamplingParams``.
+        request: the request.
+
+    Raises:
+        UnsupportedRequest: allowed or bad token ids (no such SGLang sampling parameter).
+    """
+    if request.allowed_token_ids is not None:
+        raise unsupported(ENGINE, "allowed_token_ids", "no such sampling parameter")
+    if request.bad_token_ids:
+        raise unsupported(ENGINE, "bad_token_ids", "no such sampling parameter")
+    return factory(
+        temperature=request.temperature,
+        top_k=request.top_k if request.top_k is not None else -1,
+        top_p=request.top_p if request.top_p is not None else 1.0,
+        min_p=request.min_p if request.min_p is not None else 0.0,
+        frequency_penalty=request.frequency_penalty,
+        presence_penalty=request.presence_penalty,
+        repetition_penalty=request.repetition_penalty,
+        min_new_tokens=request.min_tokens,
+        stop_token_ids=list(request.stop_token_ids) or None,
+        logit_bias={str(t): b for t, b in request.logit_bias} or None,
+        sampling_seed=request.seed,
+    )
+
+
+def sglang_penalizer_orchestrator(
+    penaltylib: ModuleType, params: Sequence[Any], vocab: int
+) -> tuple[Any, Any]:
+    """SGLang's ``BatchedPenalizerOrchestrator`` with its four penalizers (frequency, min new
+    tokens, presence, repetition) over one request per ``params`` entry, with no output yet
+    (``python/sglang/srt/sampling/penaltylib/orchestrator.py``, sglang 0.5.23).
+
+    Returns:
+        ``(orchestrator, batch)``: keep ``batch`` alive while the orchestrator is used (it
+        holds only a weak reference to it).
+    """
+    tokenizer = types.SimpleNamespace(additional_stop_token_ids=None, eos_token_id=None)
+    batch = _ScheduleBatch([
+        types.SimpleNamespace(sampling_params=p, eos_token_ids=set(), tokenizer=tokenizer)
+        for p in params
+    ])
+    orchestrator = penaltylib.BatchedPenalizerOrchestrator(
+        vocab_size=vocab,
+        batch=batch,
+        penalizers={
+            penaltylib.BatchedFrequencyPenalizer,
+            penaltylib.BatchedMinNewTokensPenalizer,
+            penaltylib.BatchedPresencePenalizer,
+            penaltylib.BatchedRepetitionPenalizer,
+        },
+    )
+    return orchestrator, batch
 
 
 def _cpu_prepare_probs(probs: torch.Tensor) -> torch.Tensor:
@@ -169,50 +237,14 @@ class SglangServingVerifier(KernelVerifier):
         super().__init__(functions.chain, device)
         self.engine = functions
 
-    def _params(self, request: Request) -> Any:
-        """SGLang's ``SamplingParams`` of ``request``.
-
-        Raises:
-            UnsupportedRequest: allowed or bad token ids (no such SGLang sampling parameter).
-        """
-        if request.allowed_token_ids is not None:
-            raise unsupported(ENGINE, "allowed_token_ids", "no such sampling parameter")
-        if request.bad_token_ids:
-            raise unsupported(ENGINE, "bad_token_ids", "no such sampling parameter")
-        return self.engine.sampling_params(
-            temperature=request.temperature,
-            top_k=request.top_k if request.top_k is not None else -1,
-            top_p=request.top_p if request.top_p is not None else 1.0,
-            min_p=request.min_p if request.min_p is not None else 0.0,
-            frequency_penalty=request.frequency_penalty,
-            presence_penalty=request.presence_penalty,
-            repetition_penalty=request.repetition_penalty,
-            min_new_tokens=request.min_tokens,
-            stop_token_ids=list(request.stop_token_ids) or None,
-            logit_bias={str(t): b for t, b in request.logit_bias} or None,
-            sampling_seed=request.seed,
-        )
-
     def _penalties(
         self, params: Any, request: Request, vocab: int
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``update_penalties`` of one row: ``([1, V] additive, [1, V] scaling or None)``,
         from SGLang's orchestrator fed the row's output history."""
-        penaltylib = self.engine.penaltylib
-        tokenizer = types.SimpleNamespace(additional_stop_token_ids=None, eos_token_id=None)
-        req = types.SimpleNamespace(
-            sampling_params=params, eos_token_ids=set(), tokenizer=tokenizer
-        )
-        batch = _ScheduleBatch([req])
-        orchestrator = penaltylib.BatchedPenalizerOrchestrator(
-            vocab_size=vocab,
-            batch=batch,
-            penalizers={
-                penaltylib.BatchedFrequencyPenalizer,
-                penaltylib.BatchedMinNewTokensPenalizer,
-                penaltylib.BatchedPresencePenalizer,
-                penaltylib.BatchedRepetitionPenalizer,
-            },
+        # _batch stays referenced until the return: the orchestrator holds it weakly.
+        orchestrator, _batch = sglang_penalizer_orchestrator(
+            self.engine.penaltylib, [params], vocab
         )
         additive = torch.zeros((1, vocab), dtype=torch.float32)
         if not orchestrator.is_required:
@@ -241,7 +273,7 @@ class SglangServingVerifier(KernelVerifier):
         batch, k, vocab = validate_serving_inputs(
             target_logits, draft_probs, draft_token_ids, num_draft_tokens, requests, generator
         )
-        params = [self._params(request) for request in requests]
+        params = [sglang_sampling_params(self.engine.sampling_params, r) for r in requests]
         is_all_greedy = all(p.top_k <= 1 for p in params)
         nodes, device = k + 1, self.device
         counts = num_draft_tokens.to(torch.int64).cpu()

@@ -20,7 +20,7 @@ from losslessness.reference.profiles import EngineProfile
 from losslessness.reference.serving import ServingReference, row_seed
 from losslessness.requests import Request
 from losslessness.zoo.entry import Mutant
-from losslessness.zoo.serving import ZOO_PROFILE, serving_case
+from losslessness.zoo.serving import ZOO_PROFILE, serving_mutants
 
 __all__ = [
     "BatchStreamFromFirstSeed",
@@ -117,18 +117,11 @@ def seed_zoo(profile: str | EngineProfile = ZOO_PROFILE) -> tuple[Mutant, ...]:
         False (their law is right) and ``irreproducible`` True (the audit's verdict is
         IRREPRODUCIBLE).
     """
-    name = profile if isinstance(profile, str) else profile.name
-    return tuple(
-        Mutant(
-            name=entry_name,
-            verifier=verifier(profile),
-            protocol="serving",
-            lossy=False,
-            mechanism=mechanism,
-            source=source,
-            build_case=serving_case(SEED_CASE_ID),
-            engine_profile=name,
-            irreproducible=True,
-        )
-        for entry_name, verifier, mechanism, source in _ENTRIES
+    return serving_mutants(
+        profile,
+        (
+            (entry_name, verifier, False, mechanism, source, SEED_CASE_ID)
+            for entry_name, verifier, mechanism, source in _ENTRIES
+        ),
+        irreproducible=True,
     )

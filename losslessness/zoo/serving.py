@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import torch
 
@@ -38,6 +39,7 @@ __all__ = [
     "StaleNoiseForUnseededRows",
     "TopPBeforeTopK",
     "serving_case",
+    "serving_mutants",
     "serving_zoo",
 ]
 
@@ -216,13 +218,21 @@ _ENTRIES: tuple[tuple[str, type[ServingReference], bool, str, str, str], ...] = 
 )
 
 
-@functools.cache
-def serving_zoo(profile: str | EngineProfile = ZOO_PROFILE) -> tuple[Mutant, ...]:
-    """The serving entries for ``profile`` (a registered name, or a profile object).
+def serving_mutants(
+    profile: str | EngineProfile,
+    entries: Iterable[tuple[str, Callable[..., Any], bool, str, str, str]],
+    *,
+    irreproducible: bool = False,
+) -> tuple[Mutant, ...]:
+    """Mutants in the serving protocol for ``profile``, one per entry
+    ``(name, verifier factory, lossy, mechanism, source, case id)``: the factory is called with
+    ``profile``; the case is the serving battery's case of that id.
 
-    Returns:
-        One :class:`~losslessness.zoo.entry.Mutant` per entry, protocol ``serving``, its
-        ``engine_profile`` the profile's name, its case the battery case of its mechanism.
+    Args:
+        profile: a registered profile name, or a profile object.
+        entries: the table of entries.
+        irreproducible: the entries break the seed contract (the audit's verdict is
+            IRREPRODUCIBLE).
     """
     name = profile if isinstance(profile, str) else profile.name
     return tuple(
@@ -235,6 +245,18 @@ def serving_zoo(profile: str | EngineProfile = ZOO_PROFILE) -> tuple[Mutant, ...
             source=source,
             build_case=serving_case(case_id),
             engine_profile=name,
+            irreproducible=irreproducible,
         )
-        for entry_name, verifier, lossy, mechanism, source, case_id in _ENTRIES
+        for entry_name, verifier, lossy, mechanism, source, case_id in entries
     )
+
+
+@functools.cache
+def serving_zoo(profile: str | EngineProfile = ZOO_PROFILE) -> tuple[Mutant, ...]:
+    """The serving entries for ``profile`` (a registered name, or a profile object).
+
+    Returns:
+        One :class:`~losslessness.zoo.entry.Mutant` per entry, protocol ``serving``, its
+        ``engine_profile`` the profile's name, its case the battery case of its mechanism.
+    """
+    return serving_mutants(profile, _ENTRIES)

@@ -43,6 +43,10 @@ from typing import Any, Optional
 import pytest
 import torch
 
+from losslessness.adapters.sglang_serving import (
+    sglang_penalizer_orchestrator,
+    sglang_sampling_params,
+)
 from losslessness.adapters.vllm_serving import vllm_sampling_params
 from losslessness.reference.profiles import get_profile
 from losslessness.requests import Request
@@ -431,51 +435,13 @@ def _sglang_modules() -> SimpleNamespace:
     )
 
 
-class _ScheduleBatch:
-    """What the penalizer orchestrator reads of a ``ScheduleBatch`` (its requests and device);
-    a class, because the orchestrator keeps a weak reference to it."""
-
-    def __init__(self, reqs: list[Any]) -> None:
-        self.reqs = reqs
-        self.device = "cpu"
-
-
 def _sglang_processed(
     sglang: SimpleNamespace, requests: list[Request], logits: torch.Tensor
 ) -> tuple[torch.Tensor, list[Any]]:
     """SGLang's penalties and logit bias on ``logits`` (in place on a copy), with the real
     orchestrator fed each row's output history token by token."""
-    params = [
-        sglang.SamplingParams(
-            temperature=r.temperature,
-            top_k=r.top_k if r.top_k is not None else -1,
-            top_p=r.top_p if r.top_p is not None else 1.0,
-            min_p=r.min_p if r.min_p is not None else 0.0,
-            frequency_penalty=r.frequency_penalty,
-            presence_penalty=r.presence_penalty,
-            repetition_penalty=r.repetition_penalty,
-            min_new_tokens=r.min_tokens,
-            stop_token_ids=list(r.stop_token_ids) or None,
-            logit_bias={str(t): b for t, b in r.logit_bias} or None,
-        )
-        for r in requests
-    ]
-    tokenizer = SimpleNamespace(additional_stop_token_ids=None, eos_token_id=None)
-    reqs = [
-        SimpleNamespace(sampling_params=p, eos_token_ids=set(), tokenizer=tokenizer)
-        for p in params
-    ]
-    batch = _ScheduleBatch(reqs)
-    orchestrator = sglang.penaltylib.BatchedPenalizerOrchestrator(
-        vocab_size=V,
-        batch=batch,
-        penalizers={
-            sglang.penaltylib.BatchedFrequencyPenalizer,
-            sglang.penaltylib.BatchedMinNewTokensPenalizer,
-            sglang.penaltylib.BatchedPresencePenalizer,
-            sglang.penaltylib.BatchedRepetitionPenalizer,
-        },
-    )
+    params = [sglang_sampling_params(sglang.SamplingParams, r) for r in requests]
+    orchestrator, _batch = sglang_penalizer_orchestrator(sglang.penaltylib, params, V)
     steps = len(requests[0].output_token_ids)
     for step in range(steps):
         orchestrator.cumulate_output_tokens(
