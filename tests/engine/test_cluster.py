@@ -143,6 +143,9 @@ def _outcomes(checks: list[CheckResult]) -> list[tuple[object, ...]]:
     return [check_outcome(check) for check in checks]
 
 
+# Slow (about 70 s on 2 cores, most of it Ray's start): the nightly --ray test below runs
+# shards on Ray in the default run.
+@pytest.mark.slow
 def test_ray_shards_merged_equal_the_one_process_night_count_for_count_and_verdict_for_verdict(
     tmp_path: Path, local_ray: Any
 ) -> None:
