@@ -45,23 +45,8 @@ from losslessness.checks.ids import (
     LAW_CHECK_ID,
 )
 from losslessness.results import AuditResult, CheckKind, CheckResult, TargetResult, Verdict
+from reports.style import MAX_LAW_FIGURES, MAX_LAW_FIGURES_TOTAL, VERDICT_COLORS
 from reports.text import plot_text
-
-VERDICT_COLORS = {
-    Verdict.PASS: "#2e7d32",
-    Verdict.LOSSY: "#c62828",
-    Verdict.SUBOPTIMAL: "#ef6c00",
-    Verdict.ERROR: "#8e24aa",
-    Verdict.SKIPPED: "#9e9e9e",
-    Verdict.IRREPRODUCIBLE: "#00838f",
-}
-"""Colour of each verdict in every figure (and the HTML's CSS)."""
-
-MAX_LAW_FIGURES = 4
-"""Law figures per target by default: failing (case, row) pairs first, then an even sample."""
-
-MAX_LAW_FIGURES_TOTAL = 12
-"""Law figures in a whole report by default (each costs about 0.2 s and 60 kB)."""
 
 DPI = 100
 """Resolution of the embedded PNGs."""

@@ -21,12 +21,7 @@ import jinja2
 from markupsafe import Markup
 
 from losslessness.results import AuditResult, CheckKind, CheckResult, Verdict
-from reports.figures import (
-    MAX_LAW_FIGURES,
-    MAX_LAW_FIGURES_TOTAL,
-    VERDICT_COLORS,
-    report_figures,
-)
+from reports.style import MAX_LAW_FIGURES, MAX_LAW_FIGURES_TOTAL, VERDICT_COLORS
 from reports.terminal import format_number, verdict_line
 from reports.text import html_finalize
 from reports.trends import CheckTrend, Trends
@@ -138,6 +133,9 @@ def render_html(
         One self-contained HTML5 document.
     """
     targets = []
+    # Here, not at import: matplotlib is for rendering only (reports/style.py).
+    from reports.figures import report_figures
+
     all_figures = report_figures(result, max_law_figures, max_law_figures_total)
     for target, figures in zip(result.targets, all_figures, strict=True):
         targets.append(
