@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import pickle
 import sys
 from pathlib import Path
 from typing import Any
@@ -107,22 +106,19 @@ class TargetNames:
         )
 
 
-_CHILD_PLAN: dict[str, Any] = {}
-"""A child's resolved targets' plan, kept between its shards (``key``: the pickled config and
-target names it was made for; ``plan``: the :class:`RunPlan`)."""
+@functools.lru_cache(maxsize=1)
+def _child_plan(config: RunConfig, targets: TargetNames) -> RunPlan:
+    """The run's plan in a child of ``--jobs``, made once per child: resolving starts the
+    targets' worker processes, which its later shards reuse."""
+    note = load_device_checks()[1] if config.device_checks else None
+    return plan_run(config, targets.resolve(), note)
 
 
 def run_child_shard(config: RunConfig, targets: TargetNames, spec: ShardSpec) -> ShardResult:
     """Shard ``spec`` of an audit, in a child process of ``--jobs``
     (:data:`losslessness.engine.parallel.ShardRunner`): resolve the targets, plan the run as
     the parent did (no time budget: ``--jobs`` runs without one) and run the shard."""
-    key = pickle.dumps((config, targets))
-    if _CHILD_PLAN.get("key") != key:
-        # Once per child: resolving starts the targets' worker processes.
-        note = load_device_checks()[1] if config.device_checks else None
-        _CHILD_PLAN.update(key=key, plan=plan_run(config, targets.resolve(), note))
-    plan: RunPlan = _CHILD_PLAN["plan"]
-    return run_shard(plan, spec)
+    return run_shard(_child_plan(config, targets), spec)
 
 
 def report_console() -> Console:
@@ -222,8 +218,9 @@ def audit_command(
         engine_profile,
     )
     jobs = 1 if options["in_process"] else jobs or available_cpus()
-    if jobs > 1:
-        # Before the targets' workers start: they take this process's thread count.
+    if jobs > 1 and config.time_budget_s is None:
+        # Before the targets' workers start: they take this process's thread count. A
+        # time-budgeted run stays in one process (run_audit) and keeps every thread.
         torch.set_num_threads(threads_per_job(jobs))
     resolved = names.resolve()
     console = report_console()
