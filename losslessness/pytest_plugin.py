@@ -130,6 +130,27 @@ class SuiteTarget:
             )
         return adapter
 
+    def load_named(self) -> None:
+        """Resolve every verifier named on the command line (once per session).
+
+        Raises:
+            pytest.UsageError: naming the option whose target does not resolve or lacks the
+                verifier its option asks for. Raised from the session's fixture, so a bad name
+                errors every test at set-up instead of failing inside a Hypothesis test, which
+                would replay and shrink the same error for half a minute.
+        """
+        if self.chain_name is not None:
+            if self.protocol == "serving":
+                self.serving()
+            else:
+                self.chain()
+        if self.greedy_name is not None:
+            self.greedy()
+        if self.tree_name is not None:
+            self.tree()
+        if self.greedy_tree_name is not None:
+            self.greedy_tree()
+
     def chain(self) -> Adapter:
         """The chain target (skips the test when none was given)."""
         return self._resolve(self.chain_name, False, "--losslessness-target")
@@ -304,9 +325,10 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.fixture(scope="session")
 def losslessness_target(request: pytest.FixtureRequest) -> SuiteTarget:
-    """The targets named on the command line."""
+    """The targets named on the command line, each resolved before the first test runs
+    (:meth:`SuiteTarget.load_named`)."""
     config = request.config
-    return SuiteTarget(
+    target = SuiteTarget(
         config.getoption("losslessness_target"),
         config.getoption("losslessness_greedy"),
         config.getoption("losslessness_profile", default=None),
@@ -317,3 +339,5 @@ def losslessness_target(request: pytest.FixtureRequest) -> SuiteTarget:
         protocol=config.getoption("losslessness_protocol"),
         engine_profile=config.getoption("losslessness_engine_profile"),
     )
+    target.load_named()
+    return target

@@ -19,12 +19,20 @@ from losslessness.zoo import MUTANTS
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def run_suite(*options: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+def run_suite(
+    *options: str, tmp_path: Path, isolated: bool = False
+) -> subprocess.CompletedProcess[str]:
     """pytest as a user runs it, from an empty project directory (``tmp_path``) with the
     repository on PYTHONPATH (for ``tests.wrong_verifiers``): only the plugin's suite modules
-    are collected, imported from the same place as the plugin itself."""
+    are collected, imported from the same place as the plugin itself. These tests pin the
+    suite's verdicts, so the verifiers run in-process (``--losslessness-in-process``) unless
+    ``isolated``: a worker process costs about 12 s more per run of the ci profile (one test
+    runs the reference as a user does, isolated; the isolation itself is pinned in
+    tests/engine/test_worker.py). One torch thread: the 2-core machine is shared."""
     command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", *options]
-    environment = {**os.environ, "PYTHONPATH": str(ROOT)}
+    if not isolated:
+        command.append("--losslessness-in-process")
+    environment = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     environment.pop("LOSSLESSNESS_HYPOTHESIS_PROFILE", None)
     return subprocess.run(
         command, cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=900
@@ -37,12 +45,13 @@ def run_suite(*options: str, tmp_path: Path) -> subprocess.CompletedProcess[str]
 def test_suite_passes_on_the_reference(profile: str, tmp_path: Path) -> None:
     """``pytest --losslessness-target=losslessness.reference:verify`` (and the greedy option)
     collects both suite modules and passes, in every profile (the nightly profile's 1,000
-    examples take about a minute: ``tox -e slow``)."""
+    examples take about a minute: ``tox -e slow``); under the ci profile exactly as a user
+    runs it, the reference in a worker process."""
     result = run_suite(
         f"--losslessness-profile={profile}",
         "--losslessness-target=losslessness.reference:verify",
         "--losslessness-greedy=losslessness.reference:verify_greedy",
-        tmp_path=tmp_path,
+        tmp_path=tmp_path, isolated=profile == "ci",
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "2 passed" in result.stdout
@@ -71,13 +80,12 @@ def test_suite_fails_on_each_wrong_verifier_with_a_replayable_message(
 ) -> None:
     """Each wrong verifier fails the suite: the message names the check and position, shows
     the shrunk case, its seed and a one-line replay command; the shrunk case is small. This
-    pins the suite's power, so the verifiers run in-process (``--losslessness-in-process``):
-    in a worker process the ci profile's search and shrink for ``clamp_target_at_floor`` ran past
-    15 minutes on CI's 2 cores (the isolation itself is pinned in tests/engine/test_worker.py)."""
+    pins the suite's power, so the verifiers run in-process (:func:`run_suite`): in a worker
+    process the ci profile's search and shrink for ``clamp_target_at_floor`` ran past 15 minutes
+    on CI's 2 cores."""
     target = f"tests.wrong_verifiers:{verifier}"
     result = run_suite(
-        "--losslessness-profile=ci", f"--losslessness-target={target}",
-        "--losslessness-in-process", tmp_path=tmp_path,
+        "--losslessness-profile=ci", f"--losslessness-target={target}", tmp_path=tmp_path
     )
     output = result.stdout
     assert result.returncode == 1, output + result.stderr
@@ -143,7 +151,7 @@ def test_suite_passes_every_lossless_chain_control_of_the_zoo(name: str, tmp_pat
     """Each lossless chain control of the zoo (sample-and-match, a Gumbel-max residual,
     log-space acceptance, an unnormalised residual drawn by multinomial, block verification)
     passes the suite (ci profile, the chain witness included): calling a correct published
-    algorithm LOSSY would be as wrong as missing a bug (about 2 s each)."""
+    algorithm LOSSY would be as wrong as missing a bug (about 11 s each, in-process)."""
     chain = MUTANTS[name].adapter.chain
     assert chain is not None
     target = f"{chain.__module__}:{chain.__name__}"
@@ -174,8 +182,7 @@ def test_suite_fails_on_each_call_condition_mutant_at_its_witness(
     assert chain is not None
     target = f"{chain.__module__}:{chain.__name__}"
     result = run_suite(
-        "--losslessness-profile=ci", f"--losslessness-target={target}",
-        "--losslessness-in-process", tmp_path=tmp_path,
+        "--losslessness-profile=ci", f"--losslessness-target={target}", tmp_path=tmp_path
     )
     output = result.stdout
     assert result.returncode == 1, output + result.stderr
