@@ -136,6 +136,9 @@ class EndToEndTarget:
         max_sequences: cap on the sequences the sequence-law check generates (slow engines);
             None: only the audit's cap. A capped check reports the larger minimum detectable
             TV it reached.
+        min_sequence_mass: sequences and prefixes of lower probability are pooled into one
+            tail cell of the law (an unfiltered law over a real tokenizer's vocabulary);
+            0.0 enumerates every sequence of positive probability.
     """
 
     name: str
@@ -145,6 +148,7 @@ class EndToEndTarget:
     new_tokens: int
     greedy: bool = False
     max_sequences: int | None = None
+    min_sequence_mass: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -140,6 +140,7 @@ def check_sequence_law(
         "needed_sequences": plan.needed,
         "capped": plan.capped,
         "law_calls": law.law_calls,
+        "tail_mass": law.tail_mass,
     }
     common: dict[str, Any] = {
         "kind": CheckKind.STATISTICAL,
@@ -160,12 +161,12 @@ def check_sequence_law(
                 **common,
             )
     cells = law.index()
-    outside = len(cells)
+    outside = law.n_cells
+    found = [law.cell_of(sequence, cells) for sequence in sequences]
     observed = np.bincount(
-        [cells.get(tuple(int(t) for t in sequence), outside) for sequence in sequences],
-        minlength=outside + 1,
+        [outside if cell is None else cell for cell in found], minlength=outside + 1
     )
-    probs = np.append(law.probs, 0.0)
+    probs = np.append(law.cell_probs, 0.0)
     test = identity_test(observed, probs)
     details.update(
         pooled_cells=test.pooled_cells,
@@ -174,21 +175,22 @@ def check_sequence_law(
     )
     lossy = test.zero_mass_count > 0 or test.pvalue <= context.alpha
     if test.zero_mass_count:
-        index = next(j for j, sequence in enumerate(sequences) if tuple(sequence) not in cells)
+        index = found.index(None)
         message = (
             f"{test.zero_mass_count} of {plan.n} sequences have probability 0 under the target; "
             f"first: {list(sequences[index])} (seed {sequence_seed(context.seed, index)})"
         )
     else:
         expected = law.probs * plan.n
-        worst = int(np.argmax(np.abs(observed[:outside] - expected)))
+        worst = int(np.argmax(np.abs(observed[: len(law.sequences)] - expected)))
         details["most_deviant"] = {
             "sequence": list(law.sequences[worst]),
             "observed": int(observed[worst]),
             "expected": float(expected[worst]),
         }
         message = (
-            f"{law.n_cells} cells (L={law.new_tokens}, V={law.vocab_size}), p-value "
+            f"{law.n_cells} cells (L={law.new_tokens}, V={law.vocab_size}"
+            f"{f', tail {law.tail_mass:.3g}' if law.tail_mass else ''}), p-value "
             f"{test.pvalue:.3g} {'<=' if lossy else '>'} alpha {context.alpha:.3g}; most "
             f"deviant sequence {list(law.sequences[worst])}: observed {int(observed[worst])}, "
             f"expected {expected[worst]:.1f}"

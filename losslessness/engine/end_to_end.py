@@ -41,6 +41,7 @@ def plan_sequence_law(
     max_sequences: int,
     steps: int | None = None,
     step_multiplier: float = 1.0,
+    min_mass: float = 0.0,
 ) -> SequencePlan:
     """Enumerate the exact law and size the identity test.
 
@@ -54,6 +55,8 @@ def plan_sequence_law(
         max_sequences: cap on the design's ``n``.
         steps: when set, ``n`` is exactly this (replays).
         step_multiplier: multiple of the design's (capped) ``n`` to draw.
+        min_mass: prefixes and sequences below it pooled into the law's tail cell
+            (:func:`losslessness.reference.sequences.exact_sequence_law`).
 
     Returns:
         :class:`~losslessness.checks.SequencePlan`.
@@ -65,13 +68,14 @@ def plan_sequence_law(
         Exception: whatever ``next_token_probs`` raised.
     """
     law = exact_sequence_law(
-        generator.next_token_probs, prompt_ids, new_tokens, generator.vocab_size
+        generator.next_token_probs, prompt_ids, new_tokens, generator.vocab_size,
+        min_mass=min_mass,
     )
-    design = plan_identity_test(law.probs, tv, alpha, power, max_n=max_sequences)
+    design = plan_identity_test(law.cell_probs, tv, alpha, power, max_n=max_sequences)
     # When capped, report what the design would need, so the user sees what the cap cost.
-    needed = plan_identity_test(law.probs, tv, alpha, power).n if design.capped else design.n
+    needed = plan_identity_test(law.cell_probs, tv, alpha, power).n if design.capped else design.n
     n = steps if steps is not None else max(1, math.ceil(design.n * step_multiplier))
-    reached = identity_minimum_detectable_tv(law.probs, n, alpha, power).minimum_detectable_tv
+    reached = identity_minimum_detectable_tv(law.cell_probs, n, alpha, power).minimum_detectable_tv
     return SequencePlan(law, n, needed, steps is None and design.capped, reached)
 
 
@@ -122,6 +126,7 @@ def plan_end_to_end(target: EndToEndTarget, config: RunConfig, alpha: float) -> 
             cap,
             config.steps,
             config.step_multiplier,
+            target.min_sequence_mass,
         )
     except Exception as error:
         return EndToEndPlan(target, seed, error=error)

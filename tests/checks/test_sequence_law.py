@@ -6,6 +6,9 @@ they can detect."""
 
 from __future__ import annotations
 
+import itertools
+
+import numpy as np
 import pytest
 import torch
 
@@ -20,6 +23,7 @@ from losslessness.engine.draw import generate_sequences
 from losslessness.engine.end_to_end import plan_sequence_law
 from losslessness.reference.decoding import greedy_decode, sample_autoregressive
 from losslessness.reference.processing import SamplingParameters
+from losslessness.reference.sequences import exact_sequence_law
 from losslessness.reference.toy import MarkovLM
 from losslessness.results import CheckContext, CheckResult, Verdict
 
@@ -184,3 +188,57 @@ def test_drafts_accepted_is_skipped_for_engines_that_do_not_report() -> None:
     """No ReportsAcceptedLengths (or no verify steps): SKIPPED, never PASS."""
     assert check_drafts_accepted(None, None, context()).verdict is Verdict.SKIPPED
     assert check_drafts_accepted({1: 4}, {1: 4}, context()).verdict is Verdict.SKIPPED
+
+
+UNFILTERED = SamplingParameters(temperature=1.0)
+"""An unfiltered law: every sequence has positive probability (V^L of them)."""
+
+
+class UnfilteredSampler(PlainSampler):
+    """A correct or wrong engine on a 6-token model whose target law is unfiltered."""
+
+    def __init__(self, sampling: SamplingParameters) -> None:
+        super().__init__(sampling, reported=UNFILTERED)
+        self.model = MarkovLM.random(6, order=2, sharpness=2.0, seed=SEED)
+        self.vocab_size = 6
+
+
+def test_tail_cell_is_the_exact_mass_of_every_pruned_sequence() -> None:
+    """With ``min_mass``, the enumerated cells and the tail partition all V^L sequences: summing
+    the brute-force probability of every sequence by :meth:`SequenceLaw.cell_of` gives
+    ``cell_probs`` exactly, fewer law calls are made than without pruning, and a sequence of
+    probability 0 (outside a top-k support) has no cell."""
+    engine = UnfilteredSampler(UNFILTERED)
+    full = exact_sequence_law(engine.next_token_probs, PROMPT, 3, 6)
+    pruned = exact_sequence_law(engine.next_token_probs, PROMPT, 3, 6, min_mass=0.01)
+    assert full.tail_mass == 0.0 and full.n_cells == 6**3
+    assert 0.0 < pruned.tail_mass < 0.5 and pruned.n_cells < 6**3 / 2
+    assert pruned.law_calls < full.law_calls
+    by_cell = np.zeros(pruned.n_cells)
+    index = full.index()
+    for sequence in itertools.product(range(6), repeat=3):
+        cell = pruned.cell_of(sequence)
+        assert cell is not None
+        by_cell[cell] += full.probs[index[sequence]]
+    np.testing.assert_allclose(by_cell, pruned.cell_probs, rtol=1e-9, atol=1e-12)
+    assert pruned.cell_probs.sum() == pytest.approx(1.0)
+    filtered = exact_sequence_law(
+        lambda prefix: engine.model.next_token_probs(prefix, SamplingParameters(top_k=2)),
+        PROMPT, 3, 6, min_mass=0.05,
+    )
+    zero = next(t for t in range(6) if filtered.supports[()][t] == 0)
+    assert filtered.cell_of((zero, 0, 0)) is None
+
+
+def test_pooled_tail_keeps_the_level_and_still_catches_a_wrong_temperature() -> None:
+    """Unfiltered 6-token law, L = 3, tail below mass 0.005: an engine sampling the law passes
+    at level 1e-3; one sampling at temperature 1.5 is LOSSY; the message names the tail."""
+    plan = plan_sequence_law(
+        UnfilteredSampler(UNFILTERED), PROMPT, 3, 0.1, ALPHA, 0.9, 50_000, min_mass=0.005
+    )
+    assert plan.law.tail_mass > 0
+    right, _ = law_check(UnfilteredSampler(UNFILTERED), plan)
+    assert right.verdict is Verdict.PASS, right.message
+    assert "tail" in right.message and right.details["tail_mass"] == plan.law.tail_mass
+    wrong, _ = law_check(UnfilteredSampler(SamplingParameters(temperature=1.5)), plan)
+    assert wrong.verdict is Verdict.LOSSY, wrong.message
