@@ -1,0 +1,125 @@
+"""Engine server processes handled as a careful operator would: a free loopback port, a health
+check, start-up and request timeouts naming the server and its log, a restart after a death
+or a hang, and no process left behind, even when the process that started the server is killed
+outright (``PR_SET_PDEATHSIG`` from the launcher thread)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from losslessness.adapters.e2e.process import EngineProcessError, ServerProcess
+
+FAKE = str(Path(__file__).with_name("fake_server.py"))
+
+
+def server(mode: str, **options: float) -> ServerProcess:
+    return ServerProcess(f"fake ({mode})", [sys.executable, FAKE, "{port}", mode], **options)
+
+
+def gone(pid: int, within_s: float = 10.0) -> bool:
+    """Whether ``pid`` no longer runs (a zombie counts as gone) within ``within_s``."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                if stat.read().split(")")[-1].split()[0] == "Z":
+                    return True
+        except FileNotFoundError:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_a_healthy_server_answers_on_loopback_and_its_whole_group_is_stopped() -> None:
+    """The server starts on a free 127.0.0.1 port, answers, and stop() ends it and the child
+    it started; a second stop() is harmless."""
+    with server("spawn") as engine:
+        assert engine.port is not None and engine.alive
+        assert engine.request_json("/echo", {"x": 1})["echo"] == {"x": 1}
+        pids = engine.request_json("/pid")
+    assert not engine.alive and gone(pids["pid"]) and gone(pids["child"])
+    engine.stop()
+
+
+def test_a_server_that_exits_at_start_up_is_an_error_with_its_exit_code_and_log() -> None:
+    """Exit code 3 and the server's own words are in the message; nothing is left running."""
+    engine = server("exit")
+    with pytest.raises(EngineProcessError, match=r"exited during start-up \(exit code 3") as info:
+        engine.start()
+    assert "refusing to start" in str(info.value) and not engine.alive
+
+
+def test_a_server_never_healthy_is_stopped_at_the_start_up_timeout() -> None:
+    """503 for ever: an error after ``startup_timeout_s`` naming it, and the process stopped."""
+    engine = server("never-healthy", startup_timeout_s=2.0)
+    began = time.monotonic()
+    with pytest.raises(EngineProcessError, match="not healthy within 2 s"):
+        engine.start()
+    assert time.monotonic() - began < 15 and not engine.alive
+
+
+@pytest.mark.parametrize(("mode", "message"), [("hang", "did not answer within 1 s"),
+                                               ("crash", "failed")])
+def test_a_request_that_hangs_or_kills_the_server_is_an_error_and_the_next_one_restarts_it(
+    mode: str, message: str
+) -> None:
+    """One failed request is an error naming the server; the following request starts a fresh
+    server (the audit's next case runs)."""
+    engine = server(mode, request_timeout_s=1.0)
+    try:
+        engine.start()
+        first_pid = engine.request_json("/pid")["pid"]
+        with pytest.raises(EngineProcessError, match=message):
+            engine.request_json("/echo", {"x": 1})
+        assert gone(first_pid)
+        assert engine.request_json("/pid")["pid"] != first_pid and engine.starts == 2
+    finally:
+        engine.stop()
+
+
+def test_a_server_started_from_a_short_lived_thread_outlives_the_thread() -> None:
+    """Audit calls may run on daemon threads: the server is forked by the launcher thread, so
+    the death signal does not fire when the calling thread ends."""
+    engine = server("ok")
+    started = threading.Thread(target=engine.start)
+    started.start()
+    started.join()
+    try:
+        time.sleep(0.5)
+        assert engine.alive and engine.request_json("/echo", {"y": 2})["echo"] == {"y": 2}
+    finally:
+        engine.stop()
+
+
+def test_no_server_outlives_a_process_killed_outright() -> None:
+    """SIGKILL the process that started a server (as the audit kills a timed-out worker): the
+    kernel stops the server too."""
+    script = textwrap.dedent(f"""
+        import sys, time
+        sys.path.insert(0, {str(Path(__file__).parents[2])!r})
+        from losslessness.adapters.e2e.process import ServerProcess
+        engine = ServerProcess("fake", [sys.executable, {FAKE!r}, "{{port}}", "ok"])
+        engine.start()
+        print(engine.request_json("/pid")["pid"], flush=True)
+        time.sleep(600)
+    """)
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout is not None
+        pid = int(parent.stdout.readline())
+        os.kill(pid, 0)
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(timeout=10)
+        assert gone(pid)
+    finally:
+        parent.kill()
+        parent.wait()
