@@ -343,6 +343,19 @@ class ReportsAcceptedLengths(Protocol):
     def accepted_length_counts(self) -> dict[int, int]: ...
 
 
+@runtime_checkable
+class ReportsDraftCounts(Protocol):
+    """An :class:`EndToEndGenerator` that counts draft tokens in total, the way serving engines
+    report them (llama.cpp's ``timings.draft_n`` and ``draft_n_accepted``, OpenVINO GenAI's and
+    vLLM's acceptance counters), not per verify step.
+
+    ``draft_counts()`` returns ``{"drafted": d, "accepted": a}``, summed since the generator was
+    built: the draft tokens the engine proposed and those its target accepted (``a <= d``).
+    """
+
+    def draft_counts(self) -> dict[str, int]: ...
+
+
 def _require_tensor(name: str, value: object) -> torch.Tensor:
     if not isinstance(value, torch.Tensor):
         raise InvalidInputError(name, f"expected a torch.Tensor, got {type(value).__name__}")

@@ -536,6 +536,11 @@ NOT_SAMPLED_PREFIXES = ("not sampled: ", "not run: ")
 """Message prefixes of a check whose samples were never drawn (a time budget's deadline, an
 interrupt, a target already decided)."""
 
+SPECULATION_NOT_SHOWN_PREFIX = "speculation not shown: "
+"""Message prefix of a ``drafts-accepted`` check on an engine that must show speculation ran
+(a whole engine audited end to end) and did not: no draft counters, or no draft accepted. Its
+sequence law then says nothing about speculative decoding, so the target is INCONCLUSIVE."""
+
 TV_TOLERANCE = 1.0001
 """A reached TV within this factor of the design's counts as reaching it (float rounding)."""
 
@@ -576,7 +581,8 @@ def design_shortfalls(
         One sentence per kind of shortfall, empty when the design was reached: no checks, a
         step cap, samples not drawn or fewer than planned (a time budget's deadline), cases
         dropped by the time budget, cases the target refused as not applicable without having
-        declared it.
+        declared it, whole engines that showed no speculation
+        (:data:`SPECULATION_NOT_SHOWN_PREFIX`).
     """
     if not checks:
         return ["no checks ran"]
@@ -616,6 +622,14 @@ def design_shortfalls(
     if config.dropped_cases:
         reasons.append(
             "cases dropped by the time budget: " + ", ".join(config.dropped_cases)
+        )
+    unshown = sorted(
+        {c.case_id for c in checks if c.message.startswith(SPECULATION_NOT_SHOWN_PREFIX)}
+    )
+    if unshown:
+        reasons.append(
+            f"{len(unshown)} cases where the engine showed no speculation (no draft accepted, "
+            "or no draft counters): " + ", ".join(unshown)
         )
     return reasons
 

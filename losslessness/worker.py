@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import ctypes
 import dataclasses
 import importlib
 import io
@@ -68,8 +67,13 @@ from losslessness.adapters import (
     EndToEndTarget,
     NotApplicable,
 )
+from losslessness.adapters.e2e.process import die_with_parent
 from losslessness.config import DEFAULT_TIMEOUT_S
-from losslessness.protocol import InvalidInputError, ReportsAcceptedLengths
+from losslessness.protocol import (
+    InvalidInputError,
+    ReportsAcceptedLengths,
+    ReportsDraftCounts,
+)
 from losslessness.reference.block import VERIFICATION_ATTRIBUTE, declared_verification
 
 START_TIMEOUT_S = DEFAULT_TIMEOUT_S
@@ -303,6 +307,7 @@ def _describe(adapter: Adapter) -> dict[str, Any]:
                         },
                         "vocab_size": int(generator.vocab_size),
                         "reports_accepted": isinstance(generator, ReportsAcceptedLengths),
+                        "reports_draft_counts": isinstance(generator, ReportsDraftCounts),
                     }
                 )
         else:
@@ -382,22 +387,11 @@ def _target_of(adapter: Adapter, path: tuple[Any, ...]) -> Callable[..., Any]:
     return verifier
 
 
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    """Ask Linux to kill this process when its parent dies (elsewhere: the closed socket ends
-    the loop at the next call)."""
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
 def serve(descriptor: int) -> None:
     """The worker process's main function (``python -c``): read the :class:`WorkerSpec` from
     the socket ``descriptor``, load the target, say what it is, then answer calls until the
     parent's end closes (or the parent kills it)."""
-    _die_with_parent()
+    die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     connection = Connection(descriptor)
     spec: WorkerSpec = pickle.loads(connection.recv_bytes())
@@ -840,42 +834,45 @@ class RemoteCallable:
 
 class RemoteGenerator:
     """An end-to-end engine in a worker process (the
-    :class:`~losslessness.protocol.EndToEndGenerator` protocol).
+    :class:`~losslessness.protocol.EndToEndGenerator` protocol), with the engine's counters
+    when it reports them (:class:`~losslessness.protocol.ReportsAcceptedLengths`,
+    :class:`~losslessness.protocol.ReportsDraftCounts`: the attributes exist only then, so
+    ``isinstance`` tells).
 
     Attributes:
         vocab_size: V.
         generate: ``generate(prompt_ids, max_new_tokens, seed)`` in the worker.
         next_token_probs: ``next_token_probs(prefix_ids)`` in the worker.
+        accepted_length_counts: ``accepted_length_counts()`` in the worker, if reported.
+        draft_counts: ``draft_counts()`` in the worker, if reported.
     """
 
-    def __init__(self, worker: TargetWorker, index: int, vocab_size: int) -> None:
+    def __init__(
+        self,
+        worker: TargetWorker,
+        index: int,
+        vocab_size: int,
+        reports_accepted: bool = False,
+        reports_draft_counts: bool = False,
+    ) -> None:
         self.vocab_size = vocab_size
         self.generate = RemoteCallable(worker, ("end_to_end", index, "generate"), "generate", None)
         self.next_token_probs = RemoteCallable(
             worker, ("end_to_end", index, "next_token_probs"), "next_token_probs", None
         )
-
-
-class RemoteCountingGenerator(RemoteGenerator):
-    """A :class:`RemoteGenerator` whose engine reports accepted draft lengths (the
-    :class:`~losslessness.protocol.ReportsAcceptedLengths` protocol)."""
-
-    def __init__(self, worker: TargetWorker, index: int, vocab_size: int) -> None:
-        super().__init__(worker, index, vocab_size)
-        self._counts = RemoteCallable(
-            worker, ("end_to_end", index, "accepted_length_counts"), "accepted_length_counts",
-            None,
-        )
-
-    def accepted_length_counts(self) -> dict[int, int]:
-        """The engine's accepted-length counts (draft tokens accepted -> verify steps)."""
-        counts: dict[int, int] = self._counts()
-        return counts
+        counters = {
+            "accepted_length_counts": reports_accepted, "draft_counts": reports_draft_counts
+        }
+        for name, reported in counters.items():
+            if reported:
+                setattr(self, name, RemoteCallable(worker, ("end_to_end", index, name), name, None))
 
 
 def _remote_generator(worker: TargetWorker, index: int, engine: dict[str, Any]) -> RemoteGenerator:
-    kind = RemoteCountingGenerator if engine["reports_accepted"] else RemoteGenerator
-    return kind(worker, index, int(engine["vocab_size"]))
+    return RemoteGenerator(
+        worker, index, int(engine["vocab_size"]), bool(engine["reports_accepted"]),
+        bool(engine.get("reports_draft_counts", False)),
+    )
 
 
 def start_worker(name: str, *, greedy: bool, protocol: str, resolver: str) -> TargetWorker:
@@ -914,7 +911,6 @@ atexit.register(shutdown_workers)
 __all__ = [
     "ProtocolViolation",
     "RemoteCallable",
-    "RemoteCountingGenerator",
     "RemoteGenerator",
     "TargetCrashed",
     "TargetRaised",

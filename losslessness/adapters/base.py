@@ -139,6 +139,13 @@ class EndToEndTarget:
         min_sequence_mass: sequences and prefixes of lower probability are pooled into one
             tail cell of the law (an unfiltered law over a real tokenizer's vocabulary);
             0.0 enumerates every sequence of positive probability.
+        requires_speculation: a whole engine with speculation on: unless its counters show
+            drafts accepted during the audited runs, ``drafts-accepted`` says so and the target
+            is INCONCLUSIVE (its law then says nothing about speculative decoding).
+        predicted_acceptance: the share of drafted tokens the models predict the engine
+            accepts (for instance ``sum min(p, q)`` at the first position for probabilistic
+            drafting, 1 when the draft is the target), stated beside the observed share; None
+            when no prediction is made.
     """
 
     name: str
@@ -149,6 +156,8 @@ class EndToEndTarget:
     greedy: bool = False
     max_sequences: int | None = None
     min_sequence_mass: float = 0.0
+    requires_speculation: bool = False
+    predicted_acceptance: float | None = None
 
 
 @dataclass(frozen=True)

@@ -18,10 +18,14 @@ Three checks per end-to-end target:
 - ``sequence-greedy`` (exact, greedy engines): every run equals plain greedy decoding of
   ``next_token_probs`` token for token.
 - ``drafts-accepted`` (exact, a warning): how many verify steps accepted each number of drafts
-  (:class:`~losslessness.protocol.ReportsAcceptedLengths`). An engine whose drafts are
-  (almost) never accepted passes the law trivially, since it is then plain decoding: when
-  fewer than :data:`MIN_ACCEPTING_SHARE` of its verify steps accepted at least one draft, the
-  result is SUBOPTIMAL with that warning (the law's verdict is unchanged).
+  (:class:`~losslessness.protocol.ReportsAcceptedLengths`), or how many draft tokens were
+  proposed and accepted in total (:class:`~losslessness.protocol.ReportsDraftCounts`). An
+  engine whose drafts are (almost) never accepted passes the law trivially, since it is then
+  plain decoding: when fewer than :data:`MIN_ACCEPTING_SHARE` of its verify steps (or drafted
+  tokens) accepted a draft, the result is SUBOPTIMAL with that warning (the law's verdict is
+  unchanged). A whole engine audited with speculation on must show it: with no counters or no
+  draft accepted the check is SKIPPED as "speculation not shown" and the target INCONCLUSIVE
+  (:data:`~losslessness.results.SPECULATION_NOT_SHOWN_PREFIX`).
 """
 
 from __future__ import annotations
@@ -40,7 +44,13 @@ from losslessness.checks.ids import (
     SEQUENCE_LAW_CHECK_ID,
 )
 from losslessness.reference.sequences import SequenceLaw
-from losslessness.results import CheckContext, CheckKind, CheckResult, Verdict
+from losslessness.results import (
+    SPECULATION_NOT_SHOWN_PREFIX,
+    CheckContext,
+    CheckKind,
+    CheckResult,
+    Verdict,
+)
 from losslessness.stats import exact_check_minimum_detectable_rate, identity_test
 
 __all__ = [
@@ -253,7 +263,12 @@ def check_greedy_sequences(
 
 
 def check_drafts_accepted(
-    before: dict[int, int] | None, after: dict[int, int] | None, context: CheckContext
+    before: dict[int, int] | None,
+    after: dict[int, int] | None,
+    context: CheckContext,
+    counts: tuple[int, int] | None = None,
+    required: bool = False,
+    predicted: float | None = None,
 ) -> CheckResult:
     """Whether the audited runs really exercised speculation (see the module docstring).
 
@@ -261,20 +276,33 @@ def check_drafts_accepted(
         before: :func:`accepted_length_snapshot` before the runs (None: not reported).
         after: the snapshot after them.
         context: the case's context.
+        counts: (drafted, accepted) draft tokens during the runs, for engines that report
+            totals (:class:`~losslessness.protocol.ReportsDraftCounts`); None: not reported.
+        required: the target is a whole engine with speculation on
+            (``EndToEndTarget.requires_speculation``): no counters, or no draft accepted, is
+            then SKIPPED with :data:`~losslessness.results.SPECULATION_NOT_SHOWN_PREFIX`,
+            which makes the target INCONCLUSIVE.
+        predicted: the share of drafted tokens the models predict accepted, stated beside
+            the observed share (None: no prediction).
 
     Returns:
         The exact ``drafts-accepted`` :class:`CheckResult`: PASS when at least
-        :data:`MIN_ACCEPTING_SHARE` of the verify steps accepted one draft or more,
-        SUBOPTIMAL (a warning, never LOSSY) below it, SKIPPED when the engine reports no
-        accepted lengths. ``details`` holds the histogram (accepted length -> verify steps),
-        the verify steps, the shares accepting >= 1 and >= 2 drafts, and the mean accepted
-        length.
+        :data:`MIN_ACCEPTING_SHARE` of the verify steps accepted one draft or more (of the
+        drafted tokens, for engines reporting totals), SUBOPTIMAL (a warning, never LOSSY)
+        below it, SKIPPED when the engine reports no counters or no verify step. ``details``
+        holds the histogram (accepted length -> verify steps), the verify steps, the shares
+        accepting >= 1 and >= 2 drafts, and the mean accepted length; or the drafted and
+        accepted totals, their share and the prediction.
     """
+    unshown = SPECULATION_NOT_SHOWN_PREFIX if required else ""
+    if (before is None or after is None) and counts is not None:
+        return _drafts_accepted_from_totals(counts, context, unshown, predicted)
     if before is None or after is None:
         return context.untested(
             DRAFTS_ACCEPTED_CHECK_ID,
             Verdict.SKIPPED,
-            "the engine does not report accepted lengths (ReportsAcceptedLengths)",
+            f"{unshown}the engine does not report accepted lengths (ReportsAcceptedLengths) or "
+            "draft counts (ReportsDraftCounts)",
         )
     histogram = {
         length: after.get(length, 0) - before.get(length, 0)
@@ -284,9 +312,15 @@ def check_drafts_accepted(
     steps = sum(histogram.values())
     if steps == 0:
         return context.untested(
-            DRAFTS_ACCEPTED_CHECK_ID, Verdict.SKIPPED, "the engine reported no verify steps"
+            DRAFTS_ACCEPTED_CHECK_ID, Verdict.SKIPPED,
+            f"{unshown}the engine reported no verify steps",
         )
     any_share = sum(c for length, c in histogram.items() if length >= 1) / steps
+    if required and any_share == 0:
+        return context.untested(
+            DRAFTS_ACCEPTED_CHECK_ID, Verdict.SKIPPED,
+            f"{unshown}no draft accepted in {steps} verify steps",
+        )
     multi_share = sum(c for length, c in histogram.items() if length >= 2) / steps
     mean = sum(length * c for length, c in histogram.items()) / steps
     details = {
@@ -314,6 +348,45 @@ def check_drafts_accepted(
         n=steps,
         verdict=Verdict.SUBOPTIMAL if weak else Verdict.PASS,
         statistic=any_share,
+        min_detectable_tv=float("inf"),
+        message=summary,
+        details=details,
+    )
+
+
+def _drafts_accepted_from_totals(
+    counts: tuple[int, int], context: CheckContext, unshown: str, predicted: float | None
+) -> CheckResult:
+    drafted, accepted = counts
+    if drafted == 0 or (unshown and accepted == 0):
+        what = "no draft token proposed" if drafted == 0 else f"none of {drafted} drafts accepted"
+        return context.untested(
+            DRAFTS_ACCEPTED_CHECK_ID, Verdict.SKIPPED, f"{unshown}{what} during the runs"
+        )
+    share = accepted / drafted
+    details: dict[str, Any] = {
+        "drafted": drafted,
+        "accepted": accepted,
+        "acceptance_rate": share,
+        "predicted_acceptance": predicted,
+        "min_accepting_share": MIN_ACCEPTING_SHARE,
+    }
+    summary = f"{accepted} of {drafted} draft tokens accepted ({share:.1%})"
+    if predicted is not None:
+        summary += f"; the models predict {predicted:.1%}"
+    weak = share < MIN_ACCEPTING_SHARE
+    if weak:
+        summary = (
+            f"drafts were (almost) never accepted: {summary} (< {MIN_ACCEPTING_SHARE:.0%}). "
+            "The engine ran as plain decoding, so a passing sequence law says little about its "
+            "accept path."
+        )
+    return context.result(
+        DRAFTS_ACCEPTED_CHECK_ID,
+        kind=CheckKind.EXACT,
+        n=drafted,
+        verdict=Verdict.SUBOPTIMAL if weak else Verdict.PASS,
+        statistic=share,
         min_detectable_tv=float("inf"),
         message=summary,
         details=details,

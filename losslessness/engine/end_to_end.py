@@ -23,7 +23,12 @@ from losslessness.checks import (
 from losslessness.checks.sequence_law import GREEDY_SEQUENCE_RUNS, end_to_end_case_hash
 from losslessness.config import RunConfig
 from losslessness.engine.draw import generate_sequences
-from losslessness.protocol import EndToEndGenerator, ReportsAcceptedLengths
+from losslessness.protocol import (
+    EndToEndGenerator,
+    InvalidInputError,
+    ReportsAcceptedLengths,
+    ReportsDraftCounts,
+)
 from losslessness.reference.decoding import greedy_decode
 from losslessness.reference.sequences import exact_sequence_law
 from losslessness.results import CheckContext, CheckResult
@@ -140,6 +145,28 @@ def accepted_length_snapshot(generator: object) -> dict[int, int] | None:
     return {int(length): int(count) for length, count in generator.accepted_length_counts().items()}
 
 
+def draft_count_snapshot(generator: object) -> tuple[int, int] | None:
+    """The generator's (drafted, accepted) totals now, or None if it does not report them.
+
+    Raises:
+        InvalidInputError: naming ``draft_counts`` when the counts are malformed.
+    """
+    if not isinstance(generator, ReportsDraftCounts):
+        return None
+    counts = generator.draft_counts()
+    try:
+        drafted, accepted = int(counts["drafted"]), int(counts["accepted"])
+    except (KeyError, TypeError, ValueError) as error:
+        raise InvalidInputError(
+            "draft_counts", f"expected {{'drafted': int, 'accepted': int}}, got {counts!r}"
+        ) from error
+    if not 0 <= accepted <= drafted:
+        raise InvalidInputError(
+            "draft_counts", f"expected 0 <= accepted <= drafted, got {counts!r}"
+        )
+    return drafted, accepted
+
+
 @dataclass
 class EndToEndSamples:
     """What one end-to-end unit drew.
@@ -149,6 +176,8 @@ class EndToEndSamples:
         inside_s: seconds spent inside ``generate``.
         wall_time_s: seconds the unit's sampling took.
         before, after: accepted-length snapshots around the runs (None: not reported).
+        counts_before, counts_after: (drafted, accepted) totals around the runs (None: not
+            reported).
     """
 
     sequences: list[object]
@@ -156,6 +185,8 @@ class EndToEndSamples:
     wall_time_s: float
     before: dict[int, int] | None
     after: dict[int, int] | None
+    counts_before: tuple[int, int] | None = None
+    counts_after: tuple[int, int] | None = None
 
 
 def sample_end_to_end(
@@ -172,6 +203,7 @@ def sample_end_to_end(
     target = entry.target
     began = time.perf_counter()
     before = accepted_length_snapshot(target.generator)
+    counts_before = draft_count_snapshot(target.generator)
     sequences, inside = generate_sequences(
         target.generator,
         target.prompt_ids,
@@ -182,7 +214,11 @@ def sample_end_to_end(
         timeout_s,
     )
     after = accepted_length_snapshot(target.generator)
-    return EndToEndSamples(sequences, inside, time.perf_counter() - began, before, after)
+    counts_after = draft_count_snapshot(target.generator)
+    return EndToEndSamples(
+        sequences, inside, time.perf_counter() - began, before, after, counts_before,
+        counts_after,
+    )
 
 
 def end_to_end_checks(
@@ -198,4 +234,14 @@ def end_to_end_checks(
             target.generator.next_token_probs, target.prompt_ids, target.new_tokens
         )
         law = check_greedy_sequences(samples.sequences, expected, context)
-    return [law, check_drafts_accepted(samples.before, samples.after, context)]
+    counts = None
+    if samples.counts_before is not None and samples.counts_after is not None:
+        counts = (
+            samples.counts_after[0] - samples.counts_before[0],
+            samples.counts_after[1] - samples.counts_before[1],
+        )
+    accepted = check_drafts_accepted(
+        samples.before, samples.after, context, counts=counts,
+        required=target.requires_speculation, predicted=target.predicted_acceptance,
+    )
+    return [law, accepted]

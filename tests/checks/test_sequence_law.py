@@ -19,13 +19,23 @@ from losslessness.checks import (
     check_sequence_law,
 )
 from losslessness.checks.sequence_law import GREEDY_SEQUENCE_RUNS
+from losslessness.config import RunConfig
 from losslessness.engine.draw import generate_sequences
 from losslessness.engine.end_to_end import plan_sequence_law
 from losslessness.reference.decoding import greedy_decode, sample_autoregressive
 from losslessness.reference.processing import SamplingParameters
 from losslessness.reference.sequences import exact_sequence_law
 from losslessness.reference.toy import MarkovLM
-from losslessness.results import CheckContext, CheckResult, Verdict
+from losslessness.results import (
+    SPECULATION_NOT_SHOWN_PREFIX,
+    CheckContext,
+    CheckKind,
+    CheckResult,
+    TargetVerdict,
+    Verdict,
+    design_shortfalls,
+    target_verdict,
+)
 
 ALPHA = 1e-3
 """Significance level of every identity test here (one per test function)."""
@@ -188,6 +198,45 @@ def test_drafts_accepted_is_skipped_for_engines_that_do_not_report() -> None:
     """No ReportsAcceptedLengths (or no verify steps): SKIPPED, never PASS."""
     assert check_drafts_accepted(None, None, context()).verdict is Verdict.SKIPPED
     assert check_drafts_accepted({1: 4}, {1: 4}, context()).verdict is Verdict.SKIPPED
+
+
+def test_engine_totals_give_the_acceptance_share_beside_the_models_prediction() -> None:
+    """Engines reporting totals (ReportsDraftCounts): PASS with the share and the prediction
+    stated; a share under MIN_ACCEPTING_SHARE is the SUBOPTIMAL warning."""
+    good = check_drafts_accepted(None, None, context(), counts=(200, 150), predicted=0.8)
+    assert good.verdict is Verdict.PASS and good.details["acceptance_rate"] == 0.75
+    assert "150 of 200 draft tokens accepted (75.0%); the models predict 80.0%" in good.message
+    weak = check_drafts_accepted(None, None, context(), counts=(200, 3))
+    assert weak.verdict is Verdict.SUBOPTIMAL
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "counts", "why"),
+    [
+        (None, None, None, "does not report"),
+        (None, None, (0, 0), "no draft token proposed"),
+        (None, None, (120, 0), "none of 120 drafts accepted"),
+        ({0: 5}, {0: 50}, None, "no draft accepted in 45 verify steps"),
+    ],
+)
+def test_a_whole_engine_that_shows_no_speculation_is_inconclusive_never_lossless(
+    before: dict[int, int] | None,
+    after: dict[int, int] | None,
+    counts: tuple[int, int] | None,
+    why: str,
+) -> None:
+    """With speculation required (an engine target), no counters, no draft proposed or none
+    accepted is 'speculation not shown': the law's PASS beside it leaves the target
+    INCONCLUSIVE with the reason, whatever the law says."""
+    result = check_drafts_accepted(before, after, context(), counts=counts, required=True)
+    assert result.verdict is Verdict.SKIPPED and why in result.message
+    assert result.message.startswith(SPECULATION_NOT_SHOWN_PREFIX)
+    law = context().result("sequence-law", kind=CheckKind.STATISTICAL, n=100,
+                           verdict=Verdict.PASS, p_value=0.5, message="law holds",
+                           min_detectable_tv=0.1)
+    shortfalls = design_shortfalls([law, result], RunConfig())
+    assert any("showed no speculation" in reason for reason in shortfalls)
+    assert target_verdict([law, result], shortfalls=shortfalls) is TargetVerdict.INCONCLUSIVE
 
 
 UNFILTERED = SamplingParameters(temperature=1.0)

@@ -16,7 +16,11 @@ import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 PORT, MODE = int(sys.argv[1]), sys.argv[2]
-CHILD = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"]) if MODE == "spawn" else None
+CHILD = (
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    if MODE == "spawn"
+    else None
+)
 
 
 class Handler(BaseHTTPRequestHandler):

@@ -28,6 +28,7 @@ import queue
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -36,7 +37,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["EngineProcessError", "ServerProcess", "free_loopback_port"]
+__all__ = ["EngineProcessError", "ServerProcess", "die_with_parent", "free_loopback_port"]
 
 LOOPBACK = "127.0.0.1"
 """Servers listen here only."""
@@ -60,10 +61,14 @@ def free_loopback_port() -> int:
         return port
 
 
-def _die_with_parent() -> None:
-    """In the child, before exec: SIGKILL when the launching thread's process dies."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+def die_with_parent() -> None:
+    """Ask Linux to SIGKILL the calling process when the thread that forked it ends (its
+    parent's death, for a process forked from a thread that lives as long as its process).
+    Elsewhere a no-op: audit workers then end at their closed socket, servers at
+    :meth:`ServerProcess.stop` and interpreter exit."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 class _Launcher:
@@ -215,7 +220,7 @@ class ServerProcess:
         def launch() -> subprocess.Popen[bytes]:
             return subprocess.Popen(
                 command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                env=environment, start_new_session=True, preexec_fn=_die_with_parent,
+                env=environment, start_new_session=True, preexec_fn=die_with_parent,
             )
 
         try:
