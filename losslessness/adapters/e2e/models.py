@@ -1,0 +1,255 @@
+"""The tiny target and draft every engine target serves, built offline and cached.
+
+Nothing is downloaded: a SentencePiece unigram tokenizer (V = 256, ``<unk>`` 0, ``<s>`` 1,
+``</s>`` 2, no byte fallback) is trained in code on a fixed pseudo-word corpus, and two
+randomly initialised 2-layer Llama models (hidden 64, 2 heads of dimension 32: vLLM's CPU
+build takes head dimensions 32 and 64) share it. The weights are redrawn from seeded
+generators so that the next-token law is peaked enough for an audit (mean entropy about 1.3
+nats at temperature 1; the law of 4 new tokens has about 150 sequences above 1e-3) and
+so that ``<unk>``, ``<s>`` and ``</s>`` are never emitted: residual dimension 0 is held at 1
+(the embeddings' column 0 is 1, the projections that write the residual stream have row 0 at
+0) and the three tokens' ``lm_head`` rows are -60 there, so their logits are about -60 and no
+generation stops early. The models are saved with ``save_pretrained`` in float32 beside the
+tokenizer's ``tokenizer.model``, which each engine's own converter reads (llama.cpp's
+``convert_hf_to_gguf.py`` takes it through ``_set_vocab_sentencepiece``, with no
+pre-tokenizer hash check).
+
+The cache (``$LOSSLESSNESS_E2E_CACHE``, default ``~/.cache/losslessness/e2e``) is keyed by
+:data:`RECIPE`; a change of recipe builds again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import random
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from losslessness.adapters.base import AdapterUnavailable, import_optional
+
+__all__ = [
+    "RECIPE",
+    "TinyModels",
+    "build_tiny_models",
+    "cache_root",
+    "transformers_next_token_probs",
+]
+
+VOCAB_SIZE = 256
+SUPPRESSED_TOKENS = (0, 1, 2)
+"""``<unk>``, ``<s>``, ``</s>``: never emitted by the tiny models."""
+
+RECIPE = {
+    "version": 1,
+    "config": {
+        "vocab_size": VOCAB_SIZE,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 2,
+        "head_dim": 32,
+        "max_position_embeddings": 256,
+        "rms_norm_eps": 1e-5,
+        "tie_word_embeddings": False,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+    },
+    "tokenizer": {"kind": "sentencepiece-unigram", "corpus_seed": 1234, "corpus_lines": 4000},
+    "target": {"seed": 42, "lm_scale": 5.0},
+    "draft": {"seed": 4242, "lm_scale": 5.0},
+}
+"""Everything the models depend on; its hash names the cache directory."""
+
+
+def cache_root() -> Path:
+    """Where engine-target artefacts are cached (``$LOSSLESSNESS_E2E_CACHE`` or
+    ``~/.cache/losslessness/e2e``)."""
+    configured = os.environ.get("LOSSLESSNESS_E2E_CACHE")
+    return Path(configured) if configured else Path.home() / ".cache" / "losslessness" / "e2e"
+
+
+@dataclass(frozen=True)
+class TinyModels:
+    """The built models.
+
+    Attributes:
+        directory: the cache directory of this recipe.
+        target: the target's Hugging Face directory (``config.json``, ``model.safetensors``,
+            ``tokenizer.model``, ``tokenizer_config.json``).
+        draft: the draft's, same tokenizer, other weights.
+        tokenizer: the SentencePiece model file.
+        vocab_size: V.
+    """
+
+    directory: Path
+    target: Path
+    draft: Path
+    tokenizer: Path
+    vocab_size: int = VOCAB_SIZE
+
+    def prompt_ids(self, text: str) -> tuple[int, ...]:
+        """``<s>`` followed by the tokenizer's ids of ``text`` (what a user's prompt becomes)."""
+        spm = import_optional("sentencepiece", "sentencepiece")
+        processor = spm.SentencePieceProcessor(model_file=str(self.tokenizer))
+        return (1, *(int(token) for token in processor.encode(text)))
+
+
+def _recipe_hash() -> str:
+    text = json.dumps(RECIPE, sort_keys=True)
+    return hashlib.blake2b(text.encode(), digest_size=6).hexdigest()
+
+
+def _corpus(seed: int, lines: int) -> list[str]:
+    """Deterministic pseudo-English (Zipf-distributed pseudo-words) for the tokenizer."""
+    generator = random.Random(seed)
+    syllables = [c + v for c in "bcdfghjklmnprstvwz" for v in "aeiou"]
+    syllables += [v + c for v in "aeiou" for c in "nrst"]
+    lengths = [1, 1, 2, 2, 2, 3, 3, 4]
+    words = [
+        "".join(generator.choice(syllables) for _ in range(generator.choice(lengths)))
+        for _ in range(600)
+    ]
+    weights = [1.0 / (rank + 1) for rank in range(len(words))]
+    text = []
+    for _ in range(lines):
+        sentence = " ".join(generator.choices(words, weights=weights, k=generator.randint(4, 14)))
+        ending = generator.choice([".", ".", "!", "?", ","])
+        text.append(sentence[0].upper() + sentence[1:] + ending)
+    return text
+
+
+def _train_tokenizer(directory: Path) -> Path:
+    spm = import_optional("sentencepiece", "sentencepiece")
+    recipe = RECIPE["tokenizer"]
+    assert isinstance(recipe, dict)
+    corpus = directory / "corpus.txt"
+    corpus.write_text("\n".join(_corpus(recipe["corpus_seed"], recipe["corpus_lines"])) + "\n")
+    prefix = directory / "tokenizer"
+    spm.SentencePieceTrainer.train(
+        input=str(corpus), model_prefix=str(prefix), vocab_size=VOCAB_SIZE,
+        model_type="unigram", character_coverage=1.0, byte_fallback=False, unk_id=0, bos_id=1,
+        eos_id=2, pad_id=-1, hard_vocab_limit=True, num_threads=1, minloglevel=2,
+    )
+    return prefix.with_suffix(".model")
+
+
+def _model(seed: int, lm_scale: float) -> Any:
+    """A Llama of :data:`RECIPE`'s config with seeded weights (see the module docstring)."""
+    transformers = import_optional("transformers", "transformers")
+    config = transformers.LlamaConfig(**RECIPE["config"])  # type: ignore[arg-type]
+    torch.manual_seed(seed)
+    model = transformers.LlamaForCausalLM(config).to(torch.float32).eval()
+    hidden = config.hidden_size
+    generator = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        model.model.embed_tokens.weight.copy_(torch.randn(VOCAB_SIZE, hidden, generator=generator))
+        for layer in model.model.layers:
+            linears = (
+                layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj,
+                layer.self_attn.o_proj, layer.mlp.gate_proj, layer.mlp.up_proj,
+                layer.mlp.down_proj,
+            )
+            for linear in linears:
+                fan_in = linear.weight.shape[1]
+                linear.weight.copy_(
+                    torch.randn(linear.weight.shape, generator=generator) / math.sqrt(fan_in)
+                )
+        head = torch.randn(VOCAB_SIZE, hidden, generator=generator) * (lm_scale / math.sqrt(hidden))
+        model.model.embed_tokens.weight[:, 0] = 1.0
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight[0, :] = 0.0
+            layer.mlp.down_proj.weight[0, :] = 0.0
+        head[:, 0] = 0.0
+        head[list(SUPPRESSED_TOKENS), :] = 0.0
+        head[list(SUPPRESSED_TOKENS), 0] = -60.0
+        model.lm_head.weight.copy_(head)
+    return model
+
+
+def build_tiny_models(cache: Path | None = None) -> TinyModels:
+    """The tiny target and draft, built on first use and cached (module docstring).
+
+    Args:
+        cache: the cache root (default :func:`cache_root`).
+
+    Returns:
+        :class:`TinyModels`.
+
+    Raises:
+        AdapterUnavailable: transformers or sentencepiece is not installed.
+    """
+    directory = (cache or cache_root()) / f"models-{_recipe_hash()}"
+    models = TinyModels(
+        directory, directory / "hf_target", directory / "hf_draft", directory / "tokenizer.model"
+    )
+    if (directory / "done").exists():
+        return models
+    building = directory.with_name(directory.name + f".building-{os.getpid()}")
+    shutil.rmtree(building, ignore_errors=True)
+    building.mkdir(parents=True)
+    tokenizer = _train_tokenizer(building)
+    for name in ("target", "draft"):
+        recipe = RECIPE[name]
+        assert isinstance(recipe, dict)
+        model = _model(recipe["seed"], recipe["lm_scale"])
+        out = building / f"hf_{name}"
+        model.save_pretrained(out, safe_serialization=True)
+        shutil.copy(tokenizer, out / "tokenizer.model")
+        (out / "tokenizer_config.json").write_text(
+            json.dumps(
+                {
+                    "add_bos_token": True, "add_eos_token": False, "bos_token": "<s>",
+                    "eos_token": "</s>", "unk_token": "<unk>", "tokenizer_class": "LlamaTokenizer",
+                }
+            )
+        )
+    (building / "recipe.json").write_text(json.dumps(RECIPE, indent=1))
+    (building / "done").write_text("")
+    try:
+        building.rename(directory)
+    except OSError:
+        shutil.rmtree(building, ignore_errors=True)
+        if not (directory / "done").exists():
+            raise
+    return models
+
+
+def transformers_next_token_probs(model_dir: Path, prefix_ids: list[int]) -> torch.Tensor:
+    """transformers' next-token law of the saved model after ``prefix_ids`` at temperature 1.
+
+    Args:
+        model_dir: a directory :func:`build_tiny_models` wrote.
+        prefix_ids: the whole prefix (``<s>`` included), ids in ``[0, V)``.
+
+    Returns:
+        ``[V]`` float64, softmax of the float32 logits.
+
+    Raises:
+        AdapterUnavailable: transformers is not installed.
+    """
+    model = _loaded(str(model_dir))
+    with torch.no_grad():
+        logits = model(torch.tensor([prefix_ids], dtype=torch.int64)).logits[0, -1]
+    return torch.softmax(logits.to(torch.float64), dim=-1)
+
+
+_LOADED: dict[str, Any] = {}
+
+
+def _loaded(model_dir: str) -> Any:
+    if model_dir not in _LOADED:
+        transformers = import_optional("transformers", "transformers")
+        try:
+            model = transformers.LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        except OSError as error:
+            raise AdapterUnavailable(f"cannot load {model_dir}: {error}") from error
+        _LOADED[model_dir] = model.eval()
+    return _LOADED[model_dir]
