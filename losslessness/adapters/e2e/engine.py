@@ -122,15 +122,14 @@ class EngineGenerator:
     client: EngineClient
     sampling: Sampling
     reference_law: Callable[[list[int]], torch.Tensor] | None = None
+    vocab_size: int = 0
     drafted: int = 0
     accepted: int = 0
     law_differences: list[float] = field(default_factory=list)
     _laws: dict[tuple[int, ...], torch.Tensor] = field(default_factory=dict)
 
-    @property
-    def vocab_size(self) -> int:
-        """V."""
-        return self.client.vocab_size
+    def __post_init__(self) -> None:
+        self.vocab_size = self.client.vocab_size
 
     def generate(self, prompt_ids: list[int], max_new_tokens: int, seed: int) -> list[int]:
         """One request with speculation on (see :class:`EngineClient`).
