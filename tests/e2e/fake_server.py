@@ -24,6 +24,8 @@ CHILD = (
 
 
 class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive, as engine servers do
+
     def log_message(self, *args: object) -> None:
         pass
 

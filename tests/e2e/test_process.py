@@ -123,3 +123,14 @@ def test_no_server_outlives_a_process_killed_outright() -> None:
     finally:
         parent.kill()
         parent.wait()
+
+
+def test_a_keep_alive_connection_the_server_closed_is_reopened_once() -> None:
+    """Servers close idle keep-alive connections (llama-server does after a few seconds): the
+    next request goes out on a fresh connection instead of failing with a broken pipe."""
+    with server("ok") as engine:
+        engine.request_json("/echo", {"n": 1})
+        assert engine._connection is not None and engine._connection.sock is not None
+        engine._connection.sock.shutdown(2)
+        assert engine.request_json("/echo", {"n": 2})["echo"] == {"n": 2}
+        assert engine.starts == 1

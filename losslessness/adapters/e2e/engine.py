@@ -132,17 +132,18 @@ class EngineGenerator:
         self.vocab_size = self.client.vocab_size
 
     def generate(self, prompt_ids: list[int], max_new_tokens: int, seed: int) -> list[int]:
-        """One request with speculation on (see :class:`EngineClient`).
+        """One request with speculation on (see :class:`EngineClient`), seeded with
+        ``seed % 2**32``: the engines take 32-bit seeds, and the audit's sequence seeds are
+        consecutive, so they stay distinct.
 
         Raises:
-            InvalidInputError: naming ``seed`` out of ``[0, 2**32)`` (every engine here
-                takes 32-bit seeds).
+            InvalidInputError: naming ``seed`` when it is negative.
             Exception: whatever the client raised (a failed engine: an ERROR for the case).
         """
-        if not 0 <= seed < 2**32:
-            raise InvalidInputError("seed", f"expected an int in [0, 2**32), got {seed!r}")
+        if seed < 0:
+            raise InvalidInputError("seed", f"expected an int >= 0, got {seed!r}")
         tokens, drafted, accepted = self.client.generate(
-            list(prompt_ids), max_new_tokens, seed, self.sampling
+            list(prompt_ids), max_new_tokens, seed % 2**32, self.sampling
         )
         self.drafted += drafted
         self.accepted += accepted

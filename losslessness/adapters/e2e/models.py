@@ -1,18 +1,19 @@
 """The tiny target and draft every engine target serves, built offline and cached.
 
-Nothing is downloaded: a SentencePiece unigram tokenizer (V = 256, ``<unk>`` 0, ``<s>`` 1,
-``</s>`` 2, no byte fallback) is trained in code on a fixed pseudo-word corpus, and two
-randomly initialised 2-layer Llama models (hidden 64, 2 heads of dimension 32: vLLM's CPU
-build takes head dimensions 32 and 64) share it. The weights are redrawn from seeded
-generators so that the next-token law is peaked enough for an audit (mean entropy about 1.3
-nats at temperature 1; the law of 4 new tokens has about 150 sequences above 1e-3) and
-so that ``<unk>``, ``<s>`` and ``</s>`` are never emitted: residual dimension 0 is held at 1
-(the embeddings' column 0 is 1, the projections that write the residual stream have row 0 at
-0) and the three tokens' ``lm_head`` rows are -60 there, so their logits are about -60 and no
+Nothing is downloaded: a SentencePiece unigram tokenizer (V = 256, ``<unk>`` 0, ``<s>`` 1, ``</s>`` 2, no
+byte fallback) is trained in code on a fixed pseudo-word corpus, and two 2-layer Llama models
+(hidden 64, 2 heads of dimension 32: vLLM's CPU build takes head dimensions 32 and 64) share it:
+a randomly initialised target and a draft made from it with 10% relative noise on every weight
+matrix (drafts accepted about two times in three). The target's weights are redrawn from seeded
+generators so that the next-token law is peaked enough for an audit (mean entropy about 1.3 nats
+at temperature 1; the law of 4 new tokens has about 150 sequences above 1e-3) and so that
+``<unk>``, ``<s>`` and ``</s>`` are never emitted: residual dimension 0 is held at 1 (the
+embeddings' column 0 is 1, the projections that write the residual stream have row 0 at 0) and
+the three tokens' ``lm_head`` rows are -60 there, so their logits are about -60 and no
 generation stops early. The models are saved with ``save_pretrained`` in float32 beside the
 tokenizer's ``tokenizer.model``, which each engine's own converter reads (llama.cpp's
-``convert_hf_to_gguf.py`` takes it through ``_set_vocab_sentencepiece``, with no
-pre-tokenizer hash check).
+``convert_hf_to_gguf.py`` takes it through ``_set_vocab_sentencepiece``, with no pre-tokenizer
+hash check).
 
 The cache (``$LOSSLESSNESS_E2E_CACHE``, default ``~/.cache/losslessness/e2e``) is keyed by
 :data:`RECIPE`; a change of recipe builds again.
@@ -20,6 +21,7 @@ The cache (``$LOSSLESSNESS_E2E_CACHE``, default ``~/.cache/losslessness/e2e``) i
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import math
@@ -47,7 +49,7 @@ SUPPRESSED_TOKENS = (0, 1, 2)
 """``<unk>``, ``<s>``, ``</s>``: never emitted by the tiny models."""
 
 RECIPE = {
-    "version": 1,
+    "version": 2,
     "config": {
         "vocab_size": VOCAB_SIZE,
         "hidden_size": 64,
@@ -64,7 +66,7 @@ RECIPE = {
     },
     "tokenizer": {"kind": "sentencepiece-unigram", "corpus_seed": 1234, "corpus_lines": 4000},
     "target": {"seed": 42, "lm_scale": 5.0},
-    "draft": {"seed": 4242, "lm_scale": 5.0},
+    "draft": {"seed": 4242, "relative_noise": 0.1},
 }
 """Everything the models depend on; its hash names the cache directory."""
 
@@ -174,6 +176,31 @@ def _model(seed: int, lm_scale: float) -> Any:
     return model
 
 
+def _perturbed(target: Any, seed: int, relative_noise: float) -> Any:
+    """A copy of ``target`` whose weights each get Gaussian noise of ``relative_noise`` times
+    their own standard deviation, the control tokens' ``lm_head`` rows and the held residual
+    dimension kept: a draft close enough to the target that drafts are accepted about two
+    times in three, so both the accept and the reject paths run (an independent random draft
+    is accepted about 0.3% of the time)."""
+    draft = copy.deepcopy(target)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, weight in draft.named_parameters():
+            if weight.dim() < 2:
+                continue
+            noise = torch.randn(weight.shape, generator=generator) * weight.std()
+            kept = weight.clone()
+            weight.add_(noise * relative_noise)
+            if name == "model.embed_tokens.weight":
+                weight[:, 0] = kept[:, 0]
+            elif name.endswith(("o_proj.weight", "down_proj.weight")):
+                weight[0, :] = kept[0, :]
+            elif name == "lm_head.weight":
+                weight[:, 0] = kept[:, 0]
+                weight[list(SUPPRESSED_TOKENS), :] = kept[list(SUPPRESSED_TOKENS), :]
+    return draft
+
+
 def build_tiny_models(cache: Path | None = None) -> TinyModels:
     """The tiny target and draft, built on first use and cached (module docstring).
 
@@ -196,10 +223,11 @@ def build_tiny_models(cache: Path | None = None) -> TinyModels:
     shutil.rmtree(building, ignore_errors=True)
     building.mkdir(parents=True)
     tokenizer = _train_tokenizer(building)
-    for name in ("target", "draft"):
-        recipe = RECIPE[name]
-        assert isinstance(recipe, dict)
-        model = _model(recipe["seed"], recipe["lm_scale"])
+    target_recipe, draft_recipe = RECIPE["target"], RECIPE["draft"]
+    assert isinstance(target_recipe, dict) and isinstance(draft_recipe, dict)
+    target = _model(target_recipe["seed"], target_recipe["lm_scale"])
+    draft = _perturbed(target, draft_recipe["seed"], draft_recipe["relative_noise"])
+    for name, model in (("target", target), ("draft", draft)):
         out = building / f"hf_{name}"
         model.save_pretrained(out, safe_serialization=True)
         shutil.copy(tokenizer, out / "tokenizer.model")

@@ -278,7 +278,14 @@ class ServerProcess:
             body = None if payload is None else json.dumps(payload).encode()
             method = "GET" if payload is None else "POST"
             try:
-                status, answer = self._request(method, path, body, self.request_timeout_s)
+                try:
+                    status, answer = self._request(method, path, body, self.request_timeout_s)
+                except (BrokenPipeError, ConnectionResetError, http.client.RemoteDisconnected):
+                    # A live server may close an idle keep-alive connection: once, on a new one.
+                    self._close_connection()
+                    if not self.alive:
+                        raise
+                    status, answer = self._request(method, path, body, self.request_timeout_s)
             except TimeoutError as error:
                 self._close_connection()
                 self.stop()

@@ -1,0 +1,656 @@
+"""OpenVINO GenAI with speculation on, audited end to end: ``e2e/openvino-draft`` (a draft
+model) and ``e2e/openvino-lookup`` (prompt lookup) (issue 22).
+
+OpenVINO GenAI 2026.4.1 and its converter (optimum-intel 2.2.0, which needs transformers < 5.6)
+cannot live in the audit's environment, so they get one of their own, built once and cached
+under ``cache_root()/openvino-2026.4.1`` (:func:`ensure_openvino_environment`): a venv with
+exactly :data:`OPENVINO_PACKAGES` and what they pull (torch held to the repository's
+``constraints.txt``, the CPU build), torchvision uninstalled (the wheel pip pulls is built for
+the CUDA torch, fails to import beside the CPU one, and transformers then fails to import:
+only optimum-intel's vision-language code uses it). The tiny target and draft
+(:func:`~losslessness.adapters.e2e.models.build_tiny_models`) are converted to OpenVINO IR in
+float32 with that venv's ``optimum-cli export openvino`` (:func:`convert_tiny_models`).
+
+The engine runs in a server of ours (:mod:`losslessness.adapters.e2e.shims.openvino_server`)
+under that venv's Python, reached through :class:`OpenVinoClient`; the adapters
+(:func:`draft_adapter`, :func:`lookup_adapter`) build nothing unless
+``LOSSLESSNESS_E2E_BUILD=1``: without the environment they are unavailable, naming the command
+that builds it, ``python -m losslessness.adapters.e2e.openvino``.
+
+What the audit is expected to find (source: openvino.genai ``src/cpp/src/sampling/sampler.cpp``,
+``Sampler::validate_candidate`` and ``get_p_prime``): with a draft model and sampling, a draft
+token d is accepted when ``r <= q(d) / p(y)``, y a fresh sample of the target and r on a
+101-point grid, and a rejection emits a sample of the target's *next* row (the row after the
+rejected token), with no residual distribution: not rejection sampling, LOSSY. Greedy
+decoding and prompt lookup verify by sample-and-match (accept while the target's own token
+equals the candidate), which is exact.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from losslessness.adapters.base import Adapter, AdapterUnavailable, import_optional
+from losslessness.adapters.e2e.engine import (
+    DEFAULT_CASES,
+    PROMPTS,
+    EngineCase,
+    Sampling,
+    engine_adapter,
+)
+from losslessness.adapters.e2e.models import (
+    TinyModels,
+    build_tiny_models,
+    cache_root,
+    transformers_next_token_probs,
+)
+from losslessness.adapters.e2e.process import EngineProcessError, ServerProcess
+
+__all__ = [
+    "BUILD_COMMAND",
+    "LOOKUP_CASES",
+    "OPENVINO_PACKAGES",
+    "ConvertedModels",
+    "OpenVinoBuildError",
+    "OpenVinoClient",
+    "OpenVinoEnvironment",
+    "convert_tiny_models",
+    "draft_adapter",
+    "ensure_openvino_environment",
+    "lookup_adapter",
+]
+
+OPENVINO_PACKAGES = (
+    "openvino==2026.4.1",
+    "openvino-genai==2026.4.1.0",
+    "openvino-tokenizers==2026.4.1.0",
+    "optimum-intel==2.2.0",
+)
+"""What the environment installs, pinned; everything else is what these pull."""
+
+ENVIRONMENT_NAME = "openvino-2026.4.1"
+"""The environment's directory under :func:`~losslessness.adapters.e2e.models.cache_root`."""
+
+BUILD_COMMAND = "python -m losslessness.adapters.e2e.openvino"
+"""What builds the environment and the converted models (about 2 minutes and 1.6 GB)."""
+
+BUILD_VARIABLE = "LOSSLESSNESS_E2E_BUILD"
+"""Set to 1, the adapters build what is missing instead of being unavailable."""
+
+CONSTRAINTS_VARIABLE = "LOSSLESSNESS_CONSTRAINTS"
+"""A pip constraints file to use instead of the repository's ``constraints.txt``."""
+
+NUM_ASSISTANT_TOKENS = 3
+"""K: draft tokens (or lookup candidates) per step."""
+
+MAX_NGRAM_SIZE = 3
+"""Prompt lookup's n-gram size (OpenVINO GenAI's prompt-lookup sample uses 3)."""
+
+SHIM = Path(__file__).with_name("shims") / "openvino_server.py"
+"""The server script, run by the environment's Python."""
+
+SERVER_STARTUP_TIMEOUT_S = 180.0
+"""Seconds the server has to import OpenVINO and compile the models (about 3 s alone, far
+more on a loaded 2-core machine)."""
+
+SERVER_REQUEST_TIMEOUT_S = 60.0
+"""Seconds one request may take (a few milliseconds each for the tiny models)."""
+
+LOOKUP_CASES = (
+    *DEFAULT_CASES,
+    EngineCase(" ".join([PROMPTS[0]] * 3), Sampling()),
+)
+"""Prompt lookup's cases: the default ones and a prompt repeated three times, whose n-grams
+recur so that lookup proposes (and the target accepts) candidates often."""
+
+DRAFT_LOSSY_REASON = (
+    "OpenVINO GenAI 2026.4.1 verifies a sampled draft token d by r <= q(d)/p(y), y a fresh "
+    "target sample and r on a 101-point grid, and replaces a rejected token by a sample of the "
+    "target's next row with no residual distribution (src/cpp/src/sampling/sampler.cpp, "
+    "Sampler::validate_candidate and get_p_prime): not rejection sampling. Greedy decoding is "
+    "exact."
+)
+"""Why ``e2e/openvino-draft`` is LOSSY on its sampled cases."""
+
+
+class OpenVinoBuildError(RuntimeError):
+    """Building the environment or converting the models failed; the message names the
+    command, its exit code and the end of its log."""
+
+
+@dataclass(frozen=True)
+class OpenVinoEnvironment:
+    """The built environment.
+
+    Attributes:
+        directory: ``cache_root()/openvino-2026.4.1``.
+        python: the venv's interpreter.
+        info: ``environment.json``: the resolved versions, install seconds, size in bytes,
+            the constraints file used, the full ``pip freeze``.
+    """
+
+    directory: Path
+    python: Path
+    info: dict[str, Any]
+
+    @property
+    def optimum_cli(self) -> Path:
+        """The venv's ``optimum-cli``."""
+        return self.python.parent / "optimum-cli"
+
+    @property
+    def versions(self) -> dict[str, str]:
+        """Resolved versions of the engine's packages (``openvino-genai``, ...)."""
+        versions: dict[str, str] = self.info["versions"]
+        return versions
+
+
+@dataclass(frozen=True)
+class ConvertedModels:
+    """The tiny models in OpenVINO IR.
+
+    Attributes:
+        directory: where both are (under the environment, keyed by the models' recipe).
+        target, draft: ``optimum-cli export openvino`` directories (``openvino_model.xml``,
+            ``openvino_tokenizer.xml``, ...).
+        info: ``conversion.json``: seconds and bytes per model, the tokenizer check.
+    """
+
+    directory: Path
+    target: Path
+    draft: Path
+    info: dict[str, Any]
+
+
+def environment_directory() -> Path:
+    """``cache_root()/openvino-2026.4.1``."""
+    return cache_root() / ENVIRONMENT_NAME
+
+
+def _may_build() -> bool:
+    return os.environ.get(BUILD_VARIABLE) == "1"
+
+
+def _unavailable(what: str) -> AdapterUnavailable:
+    return AdapterUnavailable(
+        f"{what}: run `{BUILD_COMMAND}` (about 2 minutes and 1.6 GB, cached under "
+        f"{environment_directory()}), or set {BUILD_VARIABLE}=1 to build it on first use"
+    )
+
+
+def find_constraints() -> Path | None:
+    """The pip constraints file: ``$LOSSLESSNESS_CONSTRAINTS``, else ``constraints.txt`` of the
+    repository this package lies in, else of the current directory (tox runs from the
+    repository's root); None when there is none (pip then resolves torch freely).
+
+    Raises:
+        OpenVinoBuildError: ``$LOSSLESSNESS_CONSTRAINTS`` names a missing file.
+    """
+    configured = os.environ.get(CONSTRAINTS_VARIABLE)
+    if configured:
+        path = Path(configured)
+        if not path.is_file():
+            raise OpenVinoBuildError(f"{CONSTRAINTS_VARIABLE}={configured}: no such file")
+        return path
+    for candidate in (Path(__file__).resolve().parents[3], Path.cwd()):
+        if (candidate / "constraints.txt").is_file():
+            return candidate / "constraints.txt"
+    return None
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """An exclusive lock on ``path`` (two audits building at once wait for each other)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _clean_environment() -> dict[str, str]:
+    """This process's environment without what would leak the audit's Python into the
+    engine's (``PYTHONPATH``, ``PYTHONHOME``, the active venv), one thread for torch and
+    tokenizers, and the Hugging Face hub offline (nothing is downloaded)."""
+    leaked = {"PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYTHONSTARTUP"}
+    environment = {key: value for key, value in os.environ.items() if key not in leaked}
+    environment.update(
+        OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1", HF_HUB_DISABLE_TELEMETRY="1",
+    )
+    return environment
+
+
+def _run(command: list[str], log: Path, what: str, cwd: Path | None = None) -> str:
+    """Run ``command``, appending its output to ``log``; its stdout is returned.
+
+    Raises:
+        OpenVinoBuildError: it failed (command, exit code and the log's end named).
+    """
+    with log.open("a") as handle:
+        handle.write(f"\n$ {' '.join(command)}\n")
+        handle.flush()
+        completed = subprocess.run(
+            command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=handle,
+            env=_clean_environment(), cwd=cwd, text=True, check=False,
+        )
+        handle.write(completed.stdout)
+    if completed.returncode != 0:
+        tail = log.read_text(errors="replace")[-3000:]
+        raise OpenVinoBuildError(
+            f"{what} failed (exit code {completed.returncode}; command: {' '.join(command)}; "
+            f"log {log}):\n{tail}"
+        )
+    return completed.stdout
+
+
+def _size_bytes(path: Path) -> int:
+    """Bytes of the files under ``path`` (links not followed)."""
+    total = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(root, name)).st_size
+    return total
+
+
+_VERSIONS_SCRIPT = """
+import json, importlib.metadata as metadata
+import openvino, openvino_genai, openvino_tokenizers, optimum.intel, transformers, torch
+from transformers import LlamaConfig  # fails when a CUDA torchvision sits beside CPU torch
+names = ["openvino", "openvino-genai", "openvino-tokenizers", "optimum-intel", "optimum",
+         "transformers", "tokenizers", "torch", "numpy"]
+versions = {name: metadata.version(name) for name in names}
+versions["openvino-genai build"] = openvino_genai.get_version()
+versions["openvino build"] = openvino.get_version()
+print(json.dumps(versions))
+"""
+
+
+def ensure_openvino_environment(build: bool = True) -> OpenVinoEnvironment:
+    """The OpenVINO GenAI environment, built on first use and cached (module docstring).
+
+    The venv is made with this interpreter's ``-m venv``; ``pip install`` gets
+    :data:`OPENVINO_PACKAGES` with ``-c`` :func:`find_constraints`; torchvision is then
+    uninstalled; the imports are checked. ``environment.json`` beside the venv records the
+    resolved versions, the install's seconds and the venv's bytes; it is written last, so a
+    build that was interrupted is started again.
+
+    Args:
+        build: build what is missing; False: raise instead.
+
+    Returns:
+        :class:`OpenVinoEnvironment`.
+
+    Raises:
+        AdapterUnavailable: it is not built and ``build`` is False (the message names
+            :data:`BUILD_COMMAND`).
+        OpenVinoBuildError: the build failed.
+    """
+    directory = environment_directory()
+    info_path = directory / "environment.json"
+    python = directory / "venv" / "bin" / "python"
+    if not (info_path.is_file() and python.exists()):
+        if not build:
+            raise _unavailable(f"the OpenVINO GenAI environment is not built ({directory})")
+        with _locked(directory.with_name(directory.name + ".lock")):
+            if not (info_path.is_file() and python.exists()):
+                _build_environment(directory, info_path, python)
+    info: dict[str, Any] = json.loads(info_path.read_text())
+    return OpenVinoEnvironment(directory, python, info)
+
+
+def _build_environment(directory: Path, info_path: Path, python: Path) -> None:
+    shutil.rmtree(directory, ignore_errors=True)
+    directory.mkdir(parents=True)
+    log = directory / "install.log"
+    constraints = find_constraints()
+    began = time.perf_counter()
+    # Built in place, never moved: a venv's scripts (optimum-cli) name its path.
+    _run([sys.executable, "-m", "venv", str(directory / "venv")], log, "creating the venv")
+    install = [str(python), "-m", "pip", "install", "--no-input", *OPENVINO_PACKAGES]
+    if constraints is not None:
+        install[4:4] = ["-c", str(constraints)]
+    _run(install, log, "pip install of OpenVINO GenAI")
+    # Only optimum-intel's vision-language code imports torchvision; the wheel pip pulls is
+    # built for the CUDA torch and breaks every transformers import beside the CPU one.
+    _run([str(python), "-m", "pip", "uninstall", "-y", "torchvision"], log,
+         "pip uninstall of torchvision")
+    install_s = time.perf_counter() - began
+    versions = json.loads(_run([str(python), "-c", _VERSIONS_SCRIPT], log,
+                               "importing OpenVINO GenAI").strip().splitlines()[-1])
+    freeze = _run([str(python), "-m", "pip", "freeze"], log, "pip freeze").split()
+    info = {
+        "packages": list(OPENVINO_PACKAGES),
+        "versions": versions,
+        "python": _run([str(python), "-c", "import sys; print(sys.version.split()[0])"], log,
+                       "python --version").strip(),
+        "constraints": None if constraints is None else str(constraints),
+        "torchvision_uninstalled": True,
+        "install_s": round(install_s, 1),
+        "size_bytes": _size_bytes(directory / "venv"),
+        "built_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "pip_freeze": freeze,
+    }
+    partial_path = info_path.with_suffix(".json.partial")
+    partial_path.write_text(json.dumps(info, indent=1) + "\n")
+    partial_path.rename(info_path)
+
+
+_TOKENIZER_CHECK = """
+import json, sys
+import openvino_genai
+texts, expected, directory = json.loads(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3]
+tokenizer = openvino_genai.Tokenizer(directory)
+got = [[int(i) for i in tokenizer.encode(text).input_ids.data[0]] for text in texts]
+print(json.dumps({"texts": texts, "openvino": got, "sentencepiece": expected,
+                  "equal": got == expected}))
+"""
+
+
+def _stage_with_fast_tokenizer(hf_dir: Path, staging: Path) -> None:
+    """``hf_dir``'s weights and config, linked, beside a ``tokenizer.json`` made from its
+    SentencePiece model.
+
+    Why: the tiny models carry only ``tokenizer.model``; OpenVINO GenAI's pipelines need
+    ``openvino_tokenizer.xml`` even when given token ids (a draft-model pipeline checks that
+    both models' tokenizers agree by encoding a string), and optimum-cli converts the tokenizer
+    only when transformers can load it; the engine's venv has no sentencepiece, so its
+    transformers cannot read ``tokenizer.model``. transformers of this (the audit's)
+    environment, which has sentencepiece, converts it into a fast tokenizer (the conversion
+    it does for any user loading the model) and saves ``tokenizer.json``; the staging
+    directory lies inside the conversion's directory and ``models.py``'s files are not touched.
+
+    Raises:
+        AdapterUnavailable: transformers is not installed here.
+    """
+    transformers = import_optional("transformers", "transformers")
+    staging.mkdir(parents=True)
+    for name in ("config.json", "generation_config.json", "model.safetensors"):
+        if (hf_dir / name).exists():
+            (staging / name).symlink_to(hf_dir / name)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(hf_dir))
+    tokenizer.save_pretrained(str(staging))
+    (staging / "tokenizer.model").unlink(missing_ok=True)
+    if not (staging / "tokenizer.json").is_file():
+        raise OpenVinoBuildError(f"transformers wrote no tokenizer.json for {hf_dir}")
+
+
+def convert_tiny_models(
+    environment: OpenVinoEnvironment, models: TinyModels, build: bool = True
+) -> ConvertedModels:
+    """The tiny target and draft in OpenVINO IR, converted once and cached.
+
+    ``optimum-cli export openvino --task text-generation-with-past --weight-format fp32`` of the
+    environment, on a staging copy with a fast tokenizer (:func:`_stage_with_fast_tokenizer`);
+    then OpenVINO's tokenizer is checked to encode the default prompts as the SentencePiece
+    model does. ``conversion.json`` (seconds and bytes per model, the check) is written last.
+
+    Args:
+        environment: :func:`ensure_openvino_environment`'s.
+        models: :func:`~losslessness.adapters.e2e.models.build_tiny_models`'s.
+        build: convert what is missing; False: raise instead.
+
+    Returns:
+        :class:`ConvertedModels`.
+
+    Raises:
+        AdapterUnavailable: not converted and ``build`` is False.
+        OpenVinoBuildError: the conversion or the tokenizer check failed.
+    """
+    directory = environment.directory / "ir" / models.directory.name
+    info_path = directory / "conversion.json"
+    if not info_path.is_file():
+        if not build:
+            raise _unavailable(f"the tiny models are not converted to OpenVINO IR ({directory})")
+        with _locked(directory.with_name(directory.name + ".lock")):
+            if not info_path.is_file():
+                _convert(environment, models, directory, info_path)
+    info: dict[str, Any] = json.loads(info_path.read_text())
+    return ConvertedModels(directory, directory / "target", directory / "draft", info)
+
+
+def _convert(
+    environment: OpenVinoEnvironment, models: TinyModels, directory: Path, info_path: Path
+) -> None:
+    shutil.rmtree(directory, ignore_errors=True)
+    directory.mkdir(parents=True)
+    log = directory / "conversion.log"
+    info: dict[str, Any] = {"optimum-intel": environment.versions.get("optimum-intel")}
+    for name, hf_dir in (("target", models.target), ("draft", models.draft)):
+        staging = directory / f"staging-{name}"
+        began = time.perf_counter()
+        _stage_with_fast_tokenizer(hf_dir, staging)
+        building = directory / f"{name}.building"
+        _run([str(environment.optimum_cli), "export", "openvino", "--model", str(staging),
+              "--task", "text-generation-with-past", "--weight-format", "fp32", str(building)],
+             log, f"optimum-cli export openvino of the {name}", cwd=directory)
+        missing = [file for file in ("openvino_model.xml", "openvino_tokenizer.xml")
+                   if not (building / file).is_file()]
+        if missing:
+            raise OpenVinoBuildError(f"optimum-cli wrote no {', '.join(missing)} for the "
+                                     f"{name} (log {log})")
+        building.rename(directory / name)
+        shutil.rmtree(staging)
+        info[name] = {"seconds": round(time.perf_counter() - began, 1),
+                      "size_bytes": _size_bytes(directory / name)}
+    texts = list(PROMPTS)
+    expected = [list(models.prompt_ids(text)) for text in texts]
+    check = json.loads(_run(
+        [str(environment.python), "-c", _TOKENIZER_CHECK, json.dumps(texts),
+         json.dumps(expected), str(directory / "target")],
+        log, "the OpenVINO tokenizer check",
+    ).strip().splitlines()[-1])
+    if not check["equal"]:
+        raise OpenVinoBuildError(f"OpenVINO's tokenizer encodes differently from the "
+                                 f"SentencePiece model: {check}")
+    info["tokenizer_check"] = check
+    info_path.write_text(json.dumps(info, indent=1) + "\n")
+
+
+class OpenVinoClient:
+    """OpenVINO GenAI with speculation on, in the :class:`~losslessness.adapters.e2e.engine.
+    EngineClient` protocol: a :class:`~losslessness.adapters.e2e.process.ServerProcess`
+    running :mod:`~losslessness.adapters.e2e.shims.openvino_server` under the environment's
+    Python (isolated: ``python -I``), started on the first request.
+
+    Args:
+        mode: ``"draft"`` (the tiny draft model) or ``"lookup"`` (prompt lookup).
+        environment: the built environment.
+        converted: the converted models.
+        vocab_size: V.
+        num_assistant_tokens: K.
+        max_ngram_size: prompt lookup's n-gram size.
+
+    Raises:
+        ValueError: an unknown mode, or K or the n-gram size below 1.
+    """
+
+    def __init__(
+        self,
+        mode: str,
+        environment: OpenVinoEnvironment,
+        converted: ConvertedModels,
+        vocab_size: int,
+        num_assistant_tokens: int = NUM_ASSISTANT_TOKENS,
+        max_ngram_size: int = MAX_NGRAM_SIZE,
+    ) -> None:
+        if mode not in ("draft", "lookup"):
+            raise ValueError(f"mode: must be 'draft' or 'lookup', got {mode!r}")
+        if num_assistant_tokens < 1 or max_ngram_size < 1:
+            raise ValueError("num_assistant_tokens and max_ngram_size: must be >= 1")
+        self.mode = mode
+        self.vocab_size = vocab_size
+        drafter = ["--lookup", "--max-ngram-size", str(max_ngram_size)] if mode == "lookup" \
+            else ["--draft", str(converted.draft)]
+        command = [
+            str(environment.python), "-I", str(SHIM), "--port", "{port}",
+            "--target", str(converted.target), *drafter,
+            "--num-assistant-tokens", str(num_assistant_tokens), "--threads", "1",
+        ]
+        versions = environment.versions
+        drafter_text = (
+            f"prompt lookup (max_ngram_size {max_ngram_size})" if mode == "lookup"
+            else "the tiny draft model"
+        )
+        self.description = (
+            f"OpenVINO GenAI {versions.get('openvino-genai')} (openvino "
+            f"{versions.get('openvino')}) LLMPipeline on CPU, f32 compute and KV cache, one "
+            f"thread, {drafter_text}, num_assistant_tokens {num_assistant_tokens}; tiny "
+            "target converted by optimum-intel "
+            f"{versions.get('optimum-intel')}"
+        )
+        self.server = ServerProcess(
+            f"openvino-genai ({mode})", command,
+            startup_timeout_s=SERVER_STARTUP_TIMEOUT_S,
+            request_timeout_s=SERVER_REQUEST_TIMEOUT_S,
+            environment={"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"},
+        )
+
+    def health(self) -> dict[str, Any]:
+        """The server's ``/health`` answer (versions, V), starting it if needed.
+
+        Raises:
+            EngineProcessError: the server could not start or answer.
+        """
+        answer: dict[str, Any] = self.server.request_json("/health")
+        return answer
+
+    def generate(
+        self, prompt_ids: list[int], max_new_tokens: int, seed: int, sampling: Sampling
+    ) -> tuple[list[int], int, int]:
+        """One request with speculation on: ``(max_new_tokens ids, drafted, accepted)``.
+
+        Raises:
+            EngineProcessError: the server failed, refused the request or answered malformed.
+        """
+        answer = self.server.request_json("/generate", {
+            "prompt_ids": [int(token) for token in prompt_ids],
+            "max_new_tokens": int(max_new_tokens), "seed": int(seed),
+            "sampling": _sampling_json(sampling),
+        })
+        try:
+            tokens = [int(token) for token in answer["tokens"]]
+            return tokens, int(answer["drafted"]), int(answer["accepted"])
+        except (KeyError, TypeError, ValueError) as error:
+            raise EngineProcessError(
+                f"{self.server.name}: /generate answered {answer!r:.300}"
+            ) from error
+
+    def next_token_law(self, prefix_ids: list[int], sampling: Sampling) -> list[float]:
+        """The engine's non-speculative next-token law after ``prefix_ids`` (``[V]`` floats).
+
+        Raises:
+            EngineProcessError: the server failed or answered malformed.
+        """
+        answer = self.server.request_json("/law", {
+            "prefix_ids": [int(token) for token in prefix_ids],
+            "sampling": _sampling_json(sampling),
+        })
+        try:
+            return [float(value) for value in answer["probs"]]
+        except (KeyError, TypeError, ValueError) as error:
+            raise EngineProcessError(
+                f"{self.server.name}: /law answered {answer!r:.300}"
+            ) from error
+
+    def close(self) -> None:
+        """Stop the server (and its process group)."""
+        self.server.stop()
+
+
+def _sampling_json(sampling: Sampling) -> dict[str, Any]:
+    return {"temperature": sampling.temperature, "top_k": sampling.top_k,
+            "top_p": sampling.top_p, "min_p": sampling.min_p}
+
+
+def openvino_client(mode: str) -> tuple[OpenVinoClient, TinyModels]:
+    """A client of ``mode`` on the built environment and converted models, and the models.
+
+    Raises:
+        AdapterUnavailable: the environment or the conversion is missing and
+            ``LOSSLESSNESS_E2E_BUILD`` is not 1; transformers or sentencepiece is missing.
+        OpenVinoBuildError: a build that was allowed failed.
+    """
+    build = _may_build()
+    environment = ensure_openvino_environment(build=build)
+    models = build_tiny_models()
+    converted = convert_tiny_models(environment, models, build=build)
+    return OpenVinoClient(mode, environment, converted, models.vocab_size), models
+
+
+def _reference(models: TinyModels) -> Callable[[list[int]], torch.Tensor]:
+    return partial(transformers_next_token_probs, models.target)
+
+
+def draft_adapter() -> Adapter:
+    """``e2e/openvino-draft``: OpenVINO GenAI with the tiny draft model, on
+    :data:`~losslessness.adapters.e2e.engine.DEFAULT_CASES`, its law cross-checked with
+    transformers'; expected LOSSY (:data:`DRAFT_LOSSY_REASON`).
+
+    Raises:
+        AdapterUnavailable: as :func:`openvino_client`.
+    """
+    client, models = openvino_client("draft")
+    return engine_adapter(
+        "e2e/openvino-draft", client, models.prompt_ids, DEFAULT_CASES,
+        reference_law=_reference(models), expected_verdict="LOSSY",
+        expected_reason=DRAFT_LOSSY_REASON,
+    )
+
+
+def lookup_adapter() -> Adapter:
+    """``e2e/openvino-lookup``: OpenVINO GenAI with prompt lookup, on :data:`LOOKUP_CASES`,
+    its law cross-checked with transformers'; expected LOSSLESS.
+
+    Raises:
+        AdapterUnavailable: as :func:`openvino_client`.
+    """
+    client, models = openvino_client("lookup")
+    return engine_adapter(
+        "e2e/openvino-lookup", client, models.prompt_ids, LOOKUP_CASES,
+        reference_law=_reference(models),
+    )
+
+
+def main() -> None:
+    """Build the environment and the converted models; print versions, times and sizes."""
+    began = time.perf_counter()
+    environment = ensure_openvino_environment(build=True)
+    print(f"environment {environment.directory} ({time.perf_counter() - began:.1f} s here)")
+    info = environment.info
+    print(f"  install {info['install_s']} s, venv {info['size_bytes'] / 1e9:.2f} GB, python "
+          f"{info['python']}, constraints {info['constraints']}")
+    for name, version in info["versions"].items():
+        print(f"  {name} {version}")
+    began = time.perf_counter()
+    models = build_tiny_models()
+    print(f"tiny models {models.directory} ({time.perf_counter() - began:.1f} s)")
+    began = time.perf_counter()
+    converted = convert_tiny_models(environment, models, build=True)
+    print(f"OpenVINO IR {converted.directory} ({time.perf_counter() - began:.1f} s here)")
+    for name in ("target", "draft"):
+        entry = converted.info[name]
+        print(f"  {name}: converted in {entry['seconds']} s, {entry['size_bytes'] / 1e6:.1f} MB")
+    print(f"  tokenizer check: {converted.info['tokenizer_check']['equal']}")
+
+
+if __name__ == "__main__":
+    main()
