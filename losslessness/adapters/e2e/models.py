@@ -1,15 +1,15 @@
 """The tiny target and draft every engine target serves, built offline and cached.
 
-Nothing is downloaded: a SentencePiece unigram tokenizer (V = 256, ``<unk>`` 0, ``<s>`` 1, ``</s>`` 2, no
-byte fallback) is trained in code on a fixed pseudo-word corpus, and two 2-layer Llama models
-(hidden 64, 2 heads of dimension 32: vLLM's CPU build takes head dimensions 32 and 64) share it:
-a randomly initialised target and a draft made from it with 10% relative noise on every weight
-matrix (drafts accepted about two times in three). The target's weights are redrawn from seeded
-generators so that the next-token law is peaked enough for an audit (mean entropy about 1.3 nats
-at temperature 1; the law of 4 new tokens has about 150 sequences above 1e-3) and so that
-``<unk>``, ``<s>`` and ``</s>`` are never emitted: residual dimension 0 is held at 1 (the
-embeddings' column 0 is 1, the projections that write the residual stream have row 0 at 0) and
-the three tokens' ``lm_head`` rows are -60 there, so their logits are about -60 and no
+Nothing is downloaded: a SentencePiece unigram tokenizer (V = 256, ``<unk>`` 0, ``<s>`` 1,
+``</s>`` 2, no byte fallback) is trained in code on a fixed pseudo-word corpus, and two 2-layer
+Llama models (hidden 64, 2 heads of dimension 32: vLLM's CPU build takes head dimensions 32 and
+64) share it: a randomly initialised target and a draft made from it with 10% relative noise on
+every weight matrix (drafts accepted about two times in three). The target's weights are redrawn
+from seeded generators so that the next-token law is peaked enough for an audit (mean entropy
+about 1.3 nats at temperature 1; the law of 4 new tokens has about 150 sequences above 1e-3) and
+so that ``<unk>``, ``<s>`` and ``</s>`` are never emitted: residual dimension 0 is held at 1
+(the embeddings' column 0 is 1, the projections that write the residual stream have row 0 at 0)
+and the three tokens' ``lm_head`` rows are -60 there, so their logits are about -60 and no
 generation stops early. The models are saved with ``save_pretrained`` in float32 beside the
 tokenizer's ``tokenizer.model``, which each engine's own converter reads (llama.cpp's
 ``convert_hf_to_gguf.py`` takes it through ``_set_vocab_sentencepiece``, with no pre-tokenizer
