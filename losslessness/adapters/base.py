@@ -146,6 +146,9 @@ class EndToEndTarget:
             accepts (for instance ``sum min(p, q)`` at the first position for probabilistic
             drafting, 1 when the draft is the target), stated beside the observed share; None
             when no prediction is made.
+        reproducible_seeds: the engine promises that a seed reproduces a request: the first
+            sequences are generated again after the run and must be identical
+            (``seed.contract``; a difference is IRREPRODUCIBLE, not LOSSY).
     """
 
     name: str
@@ -158,6 +161,7 @@ class EndToEndTarget:
     min_sequence_mass: float = 0.0
     requires_speculation: bool = False
     predicted_acceptance: float | None = None
+    reproducible_seeds: bool = False
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,12 @@ from losslessness.checks import (
     check_greedy_sequences,
     check_sequence_law,
 )
-from losslessness.checks.sequence_law import GREEDY_SEQUENCE_RUNS, end_to_end_case_hash
+from losslessness.checks.seed_contract import SeedObservation, check_seed_contract
+from losslessness.checks.sequence_law import (
+    GREEDY_SEQUENCE_RUNS,
+    end_to_end_case_hash,
+    sequence_seed,
+)
 from losslessness.config import RunConfig
 from losslessness.engine.draw import generate_sequences
 from losslessness.protocol import (
@@ -34,6 +39,9 @@ from losslessness.reference.sequences import exact_sequence_law
 from losslessness.results import CheckContext, CheckResult
 from losslessness.seeding import derive_seed
 from losslessness.stats import identity_minimum_detectable_tv, plan_identity_test
+
+SEED_REPLAYS = 16
+"""Sequences an engine that promises reproducible seeds generates a second time."""
 
 
 def plan_sequence_law(
@@ -178,6 +186,8 @@ class EndToEndSamples:
         before, after: accepted-length snapshots around the runs (None: not reported).
         counts_before, counts_after: (drafted, accepted) totals around the runs (None: not
             reported).
+        replayed: the first :data:`SEED_REPLAYS` sequences generated again with their seeds
+            after the runs (None: the target does not promise reproducible seeds).
     """
 
     sequences: list[object]
@@ -187,6 +197,7 @@ class EndToEndSamples:
     after: dict[int, int] | None
     counts_before: tuple[int, int] | None = None
     counts_after: tuple[int, int] | None = None
+    replayed: list[object] | None = None
 
 
 def sample_end_to_end(
@@ -215,9 +226,15 @@ def sample_end_to_end(
     )
     after = accepted_length_snapshot(target.generator)
     counts_after = draft_count_snapshot(target.generator)
+    replayed = None
+    if target.reproducible_seeds:
+        replayed, _ = generate_sequences(
+            target.generator, target.prompt_ids, target.new_tokens,
+            min(SEED_REPLAYS, len(sequences)), entry.seed, None, timeout_s,
+        )
     return EndToEndSamples(
         sequences, inside, time.perf_counter() - began, before, after, counts_before,
-        counts_after,
+        counts_after, replayed,
     )
 
 
@@ -244,4 +261,17 @@ def end_to_end_checks(
         samples.before, samples.after, context, counts=counts,
         required=target.requires_speculation, predicted=target.predicted_acceptance,
     )
-    return [law, accepted]
+    checks = [law, accepted]
+    if samples.replayed is not None:
+        observations = [
+            SeedObservation(
+                f"sequence seed {sequence_seed(entry.seed, index)}", composition,
+                tuple(run) if isinstance(run, list | tuple) else (repr(run),),  # type: ignore[arg-type]
+            )
+            for index, (first, again) in enumerate(
+                zip(samples.sequences, samples.replayed, strict=False)
+            )
+            for composition, run in (("in the run", first), ("generated again after it", again))
+        ]
+        checks.append(check_seed_contract(observations, context))
+    return checks

@@ -188,3 +188,46 @@ def test_cli_audits_toy_targets_and_replays_by_case(tmp_path: Path) -> None:
     assert sum(histogram["accepted_length_counts"].values()) == histogram["verify_steps"]
     bad = runner.invoke(main, ["audit", "toy", "--no-progress", "--case", "toy/nothing"])
     assert bad.exit_code == 2 and "unknown case ids" in bad.output
+
+
+class ForgetsSeeds:
+    """The toy reference loop, correct in law, whose seed stops mattering after ``honest``
+    calls (a global stream): a replay of the same seed gives other tokens."""
+
+    def __init__(self, honest: int) -> None:
+        target, draft = toy_models()
+        self.inner = SpeculativeDecoder(target, DraftModelProposer(draft), 2)
+        self.vocab_size = self.inner.vocab_size
+        self.calls, self.honest = 0, honest
+        self.stream = 10**6
+
+    def generate(self, prompt_ids: list[int], max_new_tokens: int, seed: int) -> list[int]:
+        self.calls += 1
+        if self.calls > self.honest:
+            self.stream += 1
+            seed = self.stream
+        return self.inner.generate(prompt_ids, max_new_tokens, seed)
+
+    def next_token_probs(self, prefix_ids: list[int]) -> torch.Tensor:
+        return self.inner.next_token_probs(prefix_ids)
+
+
+@pytest.mark.parametrize(("honest", "verdict"), [(10**9, Verdict.PASS),
+                                                 (0, Verdict.IRREPRODUCIBLE)])
+def test_an_engine_promising_reproducible_seeds_is_replayed_and_irreproducible_if_not(
+    honest: int, verdict: Verdict
+) -> None:
+    """EndToEndTarget.reproducible_seeds: the first sequences are generated again after the
+    run; identical replays PASS ``seed.contract``, an engine that draws from a global stream
+    is IRREPRODUCIBLE (not LOSSY: its law is right)."""
+    engine = ForgetsSeeds(honest)
+    audited = Adapter(
+        "seeds", "seeded engine",
+        end_to_end=(EndToEndTarget("seeds/t1", "toy", engine, (1,), 3, reproducible_seeds=True),),
+    )
+    result = run_audit([audited], AuditConfig(tv=0.2))
+    checks = {c.check_id: c for c in result.targets[0].checks}
+    assert checks["seed.contract"].verdict is verdict and checks["seed.contract"].n == 16
+    assert checks["sequence-law"].verdict is Verdict.PASS
+    expected = TargetVerdict.LOSSLESS if honest else TargetVerdict.IRREPRODUCIBLE
+    assert result.targets[0].verdict is expected

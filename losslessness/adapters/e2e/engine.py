@@ -254,6 +254,7 @@ def engine_adapter(
                 min_sequence_mass=MIN_SEQUENCE_MASS,
                 requires_speculation=True,
                 predicted_acceptance=predicted_acceptance,
+                reproducible_seeds=True,
             )
         )
     return Adapter(
