@@ -356,6 +356,19 @@ class ReportsDraftCounts(Protocol):
     def draft_counts(self) -> dict[str, int]: ...
 
 
+@runtime_checkable
+class ReportsLawAgreement(Protocol):
+    """An :class:`EndToEndGenerator` whose ``next_token_probs`` is an engine's own law, compared
+    with a reference implementation on the same weights (transformers).
+
+    ``law_agreement()`` returns ``{"prefixes": n, "max_abs_difference": d, "tolerance": t}``:
+    over the ``n`` prefixes whose law was asked so far, the largest absolute difference of one
+    token's probability, and the tolerance beyond which the difference is reported.
+    """
+
+    def law_agreement(self) -> dict[str, float]: ...
+
+
 def _require_tensor(name: str, value: object) -> torch.Tensor:
     if not isinstance(value, torch.Tensor):
         raise InvalidInputError(name, f"expected a torch.Tensor, got {type(value).__name__}")

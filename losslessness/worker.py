@@ -73,6 +73,7 @@ from losslessness.protocol import (
     InvalidInputError,
     ReportsAcceptedLengths,
     ReportsDraftCounts,
+    ReportsLawAgreement,
 )
 from losslessness.reference.block import VERIFICATION_ATTRIBUTE, declared_verification
 
@@ -308,6 +309,7 @@ def _describe(adapter: Adapter) -> dict[str, Any]:
                         "vocab_size": int(generator.vocab_size),
                         "reports_accepted": isinstance(generator, ReportsAcceptedLengths),
                         "reports_draft_counts": isinstance(generator, ReportsDraftCounts),
+                        "reports_law_agreement": isinstance(generator, ReportsLawAgreement),
                     }
                 )
         else:
@@ -836,7 +838,8 @@ class RemoteGenerator:
     """An end-to-end engine in a worker process (the
     :class:`~losslessness.protocol.EndToEndGenerator` protocol), with the engine's counters
     when it reports them (:class:`~losslessness.protocol.ReportsAcceptedLengths`,
-    :class:`~losslessness.protocol.ReportsDraftCounts`: the attributes exist only then, so
+    :class:`~losslessness.protocol.ReportsDraftCounts`,
+    :class:`~losslessness.protocol.ReportsLawAgreement`: the attributes exist only then, so
     ``isinstance`` tells).
 
     Attributes:
@@ -845,6 +848,7 @@ class RemoteGenerator:
         next_token_probs: ``next_token_probs(prefix_ids)`` in the worker.
         accepted_length_counts: ``accepted_length_counts()`` in the worker, if reported.
         draft_counts: ``draft_counts()`` in the worker, if reported.
+        law_agreement: ``law_agreement()`` in the worker, if reported.
     """
 
     def __init__(
@@ -854,6 +858,7 @@ class RemoteGenerator:
         vocab_size: int,
         reports_accepted: bool = False,
         reports_draft_counts: bool = False,
+        reports_law_agreement: bool = False,
     ) -> None:
         self.vocab_size = vocab_size
         self.generate = RemoteCallable(worker, ("end_to_end", index, "generate"), "generate", None)
@@ -861,7 +866,8 @@ class RemoteGenerator:
             worker, ("end_to_end", index, "next_token_probs"), "next_token_probs", None
         )
         counters = {
-            "accepted_length_counts": reports_accepted, "draft_counts": reports_draft_counts
+            "accepted_length_counts": reports_accepted, "draft_counts": reports_draft_counts,
+            "law_agreement": reports_law_agreement,
         }
         for name, reported in counters.items():
             if reported:
@@ -872,6 +878,7 @@ def _remote_generator(worker: TargetWorker, index: int, engine: dict[str, Any]) 
     return RemoteGenerator(
         worker, index, int(engine["vocab_size"]), bool(engine["reports_accepted"]),
         bool(engine.get("reports_draft_counts", False)),
+        bool(engine.get("reports_law_agreement", False)),
     )
 
 

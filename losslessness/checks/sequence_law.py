@@ -118,7 +118,10 @@ def _malformed(sequence: object, new_tokens: int, vocab_size: int) -> str | None
 
 
 def check_sequence_law(
-    sequences: Sequence[Any], plan: SequencePlan, context: CheckContext
+    sequences: Sequence[Any],
+    plan: SequencePlan,
+    context: CheckContext,
+    law_agreement: dict[str, float] | None = None,
 ) -> CheckResult:
     """Identity-test an engine's generated sequences against ``plan.law``.
 
@@ -129,6 +132,10 @@ def check_sequence_law(
             :func:`losslessness.engine.end_to_end.plan_sequence_law`).
         context: the case's context (its ``alpha`` is the per-assertion level; its
             ``sampling_time_s`` the time the sequences took).
+        law_agreement: how far the engine's own law (the one tested against) was from a
+            reference implementation's on the same weights
+            (:class:`~losslessness.protocol.ReportsLawAgreement`): kept in ``details`` and,
+            beyond its tolerance, stated in the message.
 
     Returns:
         The ``sequence-law`` :class:`CheckResult` (LOSSY on a malformed output, a sequence
@@ -152,6 +159,15 @@ def check_sequence_law(
         "law_calls": law.law_calls,
         "tail_mass": law.tail_mass,
     }
+    if law_agreement is not None:
+        details["law_agreement"] = law_agreement
+    disagreement = ""
+    if law_agreement and law_agreement["max_abs_difference"] > law_agreement["tolerance"]:
+        disagreement = (
+            f"; the engine's law differs from transformers' on the same weights by up to "
+            f"{law_agreement['max_abs_difference']:.3g} (> {law_agreement['tolerance']:.3g}): "
+            "the law tested is the engine's own"
+        )
     common: dict[str, Any] = {
         "kind": CheckKind.STATISTICAL,
         "n": plan.n,
@@ -203,7 +219,7 @@ def check_sequence_law(
             f"{f', tail {law.tail_mass:.3g}' if law.tail_mass else ''}), p-value "
             f"{test.pvalue:.3g} {'<=' if lossy else '>'} alpha {context.alpha:.3g}; most "
             f"deviant sequence {list(law.sequences[worst])}: observed {int(observed[worst])}, "
-            f"expected {expected[worst]:.1f}"
+            f"expected {expected[worst]:.1f}{disagreement}"
         )
     return context.result(
         SEQUENCE_LAW_CHECK_ID,

@@ -33,6 +33,7 @@ from losslessness.protocol import (
     InvalidInputError,
     ReportsAcceptedLengths,
     ReportsDraftCounts,
+    ReportsLawAgreement,
 )
 from losslessness.reference.decoding import greedy_decode
 from losslessness.reference.sequences import exact_sequence_law
@@ -188,6 +189,7 @@ class EndToEndSamples:
             reported).
         replayed: the first :data:`SEED_REPLAYS` sequences generated again with their seeds
             after the runs (None: the target does not promise reproducible seeds).
+        law_agreement: the engine's law against transformers' (None: not compared).
     """
 
     sequences: list[object]
@@ -198,6 +200,7 @@ class EndToEndSamples:
     counts_before: tuple[int, int] | None = None
     counts_after: tuple[int, int] | None = None
     replayed: list[object] | None = None
+    law_agreement: dict[str, float] | None = None
 
 
 def sample_end_to_end(
@@ -232,9 +235,12 @@ def sample_end_to_end(
             target.generator, target.prompt_ids, target.new_tokens,
             min(SEED_REPLAYS, len(sequences)), entry.seed, None, timeout_s,
         )
+    agreement = None
+    if isinstance(target.generator, ReportsLawAgreement):
+        agreement = {k: float(v) for k, v in target.generator.law_agreement().items()}
     return EndToEndSamples(
         sequences, inside, time.perf_counter() - began, before, after, counts_before,
-        counts_after, replayed,
+        counts_after, replayed, agreement,
     )
 
 
@@ -245,7 +251,7 @@ def end_to_end_checks(
     on one unit's samples."""
     target = entry.target
     if entry.plan is not None:
-        law = check_sequence_law(samples.sequences, entry.plan, context)
+        law = check_sequence_law(samples.sequences, entry.plan, context, samples.law_agreement)
     else:
         expected = greedy_decode(
             target.generator.next_token_probs, target.prompt_ids, target.new_tokens

@@ -291,3 +291,19 @@ def test_pooled_tail_keeps_the_level_and_still_catches_a_wrong_temperature() -> 
     assert "tail" in right.message and right.details["tail_mass"] == plan.law.tail_mass
     wrong, _ = law_check(UnfilteredSampler(SamplingParameters(temperature=1.5)), plan)
     assert wrong.verdict is Verdict.LOSSY, wrong.message
+
+
+def test_an_engine_law_off_its_reference_is_stated_and_the_engines_own_law_is_tested() -> None:
+    """ReportsLawAgreement: within tolerance the comparison is kept in the details; beyond it
+    the message says so (the verdict is the engine's own law's)."""
+    engine = PlainSampler(TARGET_SAMPLING)
+    plan = plan_sequence_law(engine, PROMPT, 3, 0.1, ALPHA, 0.9, 50_000)
+    sequences, _ = generate_sequences(engine, PROMPT, 3, plan.n, SEED)
+    close = {"prefixes": 5.0, "max_abs_difference": 2e-6, "tolerance": 1e-4}
+    result = check_sequence_law(sequences, plan, context(), close)
+    assert result.verdict is Verdict.PASS and result.details["law_agreement"] == close
+    assert "differs from transformers" not in result.message
+    far = {**close, "max_abs_difference": 3e-3}
+    result = check_sequence_law(sequences, plan, context(), far)
+    assert result.verdict is Verdict.PASS
+    assert "differs from transformers' on the same weights by up to 0.003" in result.message

@@ -173,6 +173,15 @@ class EngineGenerator:
             self._laws[key] = row
         return self._laws[key]
 
+    def law_agreement(self) -> dict[str, float]:
+        """How far the engine's law was from transformers' at the prefixes compared so far
+        (:class:`~losslessness.protocol.ReportsLawAgreement`; temperature 1 cases only)."""
+        return {
+            "prefixes": float(len(self.law_differences)),
+            "max_abs_difference": max(self.law_differences, default=0.0),
+            "tolerance": LAW_TOLERANCE,
+        }
+
     def draft_counts(self) -> dict[str, int]:
         """Draft tokens proposed and accepted since this generator was built."""
         return {"drafted": self.drafted, "accepted": self.accepted}
