@@ -351,19 +351,32 @@ def check_drafts_accepted(
         f"{steps} verify steps; accepted lengths {histogram}; >= 1 draft accepted in "
         f"{any_share:.1%}, >= 2 in {multi_share:.1%}; mean accepted length {mean:.3g}"
     )
-    weak = any_share < MIN_ACCEPTING_SHARE
+    return _accepted_result(context, steps, any_share, summary, details, "steps accepted any")
+
+
+def _accepted_result(
+    context: CheckContext,
+    n: int,
+    share: float,
+    summary: str,
+    details: dict[str, Any],
+    what: str,
+) -> CheckResult:
+    """PASS, or the SUBOPTIMAL warning when ``share`` (of ``what``) is under
+    :data:`MIN_ACCEPTING_SHARE`."""
+    weak = share < MIN_ACCEPTING_SHARE
     if weak:
         summary = (
             f"drafts were (almost) never accepted: {summary} (< {MIN_ACCEPTING_SHARE:.0%} of "
-            "steps accepted any). The engine ran as plain decoding, so a passing sequence law "
-            "says little about its accept path."
+            f"{what}). The engine ran as plain decoding, so a passing sequence law says little "
+            "about its accept path."
         )
     return context.result(
         DRAFTS_ACCEPTED_CHECK_ID,
         kind=CheckKind.EXACT,
-        n=steps,
+        n=n,
         verdict=Verdict.SUBOPTIMAL if weak else Verdict.PASS,
-        statistic=any_share,
+        statistic=share,
         min_detectable_tv=float("inf"),
         message=summary,
         details=details,
@@ -390,20 +403,4 @@ def _drafts_accepted_from_totals(
     summary = f"{accepted} of {drafted} draft tokens accepted ({share:.1%})"
     if predicted is not None:
         summary += f"; the models predict {predicted:.1%}"
-    weak = share < MIN_ACCEPTING_SHARE
-    if weak:
-        summary = (
-            f"drafts were (almost) never accepted: {summary} (< {MIN_ACCEPTING_SHARE:.0%}). "
-            "The engine ran as plain decoding, so a passing sequence law says little about its "
-            "accept path."
-        )
-    return context.result(
-        DRAFTS_ACCEPTED_CHECK_ID,
-        kind=CheckKind.EXACT,
-        n=drafted,
-        verdict=Verdict.SUBOPTIMAL if weak else Verdict.PASS,
-        statistic=share,
-        min_detectable_tv=float("inf"),
-        message=summary,
-        details=details,
-    )
+    return _accepted_result(context, drafted, share, summary, details, "drafted tokens")
