@@ -6,13 +6,14 @@ with OpenVINO; no torch, no losslessness), so that nothing of the audit's enviro
 engine's process::
 
     python -I openvino_server.py --port PORT --target IR_DIR (--draft IR_DIR | --lookup)
-        [--num-assistant-tokens K] [--max-ngram-size M]
+        [--num-assistant-tokens K (3)] [--max-ngram-size M (3)] [--threads N (1)]
 
 Endpoints (JSON in and out; 400 for a malformed request, 500 for an engine failure, the body
 ``{"error": ...}`` naming what failed):
 
 - ``GET /health``: 200 once both the pipeline and the law's model are compiled, with the
-  versions and V.
+  versions, V, its process id, the requests served and how many of them had counters read
+  with short steps (:func:`draft_model_counts`).
 - ``POST /generate`` ``{prompt_ids, max_new_tokens, seed, sampling}`` -> ``{tokens, drafted,
   accepted}``: one ``LLMPipeline.generate`` on token ids with speculation on, exactly
   ``max_new_tokens`` new ids (``ignore_eos``), ``rng_seed = seed``; ``sampling`` is
@@ -33,14 +34,18 @@ machine is shared), and the pipelines with an explicit ``SchedulerConfig``: pref
 
 Sources: openvinotoolkit/openvino.genai at commit da1db864 (2026-08-21), the nearest stored
 snapshot of the installed release 2026.4.1.0 (build ``2026.4.1.0-3408-ab01d1771e4``): the
-installed library carries the same assertion strings and symbols, and the behaviour read
-below was reproduced token for token (issue 22's investigation, ``emulate_sd.py``).
+installed library carries the same assertion strings and symbols, and the sampling and
+verification read there were reproduced token for token by an emulation during issue 22's
+investigation.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+import os
+import socket
 import sys
 import threading
 import time
@@ -175,8 +180,9 @@ def _softmax64(row: Any) -> Any:
 
 def draft_model_counts(
     step_counts: list[int], new_tokens: int, num_assistant_tokens: int, greedy: bool
-) -> tuple[int, int]:
-    """(drafted, accepted) of one draft-model request, from the main model's per-step counts.
+) -> tuple[int, int, int]:
+    """(drafted, accepted, short steps) of one draft-model request, from the main model's
+    per-step counts.
 
     Why not the engine's own counters: ``SDPerModelsPerfMetrics`` (``extended_perf_metrics``)
     skips the acceptance of the step that finishes the request
@@ -185,9 +191,9 @@ def draft_model_counts(
     continue;``) and counts drafts from the draft pipeline's insertions, so its totals are
     not the request's: ``get_num_accepted_tokens`` can exceed ``get_num_draft_tokens`` (2
     accepted of 0 drafted for 4 tokens), and a request read below as 4 accepted of 6 drafted
-    was reported 3 of 5. What is reliable is the
-    main model's ``raw_metrics.m_batch_sizes``: one entry per main step, the sampler's
-    iterations in that step (``SequenceGroupSamplingInfo::sampler_output.num_generated_tokens``,
+    was reported 3 of 5. What is reliable is the main model's ``raw_metrics.m_batch_sizes``:
+    one entry per main step, the sampler's iterations in that step
+    (``SequenceGroupSamplingInfo::sampler_output.num_generated_tokens``,
     ``Sampler::sample_from_sequence_group``), and its number of steps
     (``raw_metrics.m_durations``).
 
@@ -200,10 +206,19 @@ def draft_model_counts(
     j-th (0-based) emits ``j + 1`` tokens, in ``j + 1`` iterations when greedy (the mismatch's
     iteration emits the target's token and stops) and in ``j + 2`` when sampling (the
     rejected row's iteration ``continue``s to the next row, which is sampled and emitted);
-    ``d = 0`` is one plain iteration. Every reading of the counts that ends at exactly L tokens
-    is enumerated: accepted is always ``L - steps``; the reading is unique for every history
-    with K <= 5 and L <= 18 (checked exhaustively), and 1296 real requests of both pipelines
-    (K 1, 3, 4; L 2 to 16; greedy and sampling) each had exactly one.
+    ``d = 0`` is one plain iteration. So every step emits its accepted drafts plus one, and
+    accepted is always ``L - steps``.
+
+    The drafted tokens need each step's ``d``, hence which steps rejected: the readings that
+    end at exactly L tokens are searched (dynamic programming over (step, tokens so far)).
+    With every ``d`` as above the reading is unique for every history with K <= 5 and L <= 18
+    (checked exhaustively), and 1296 requests of both pipelines (K 1, 3, 4; L 2 to 16; greedy
+    and sampling) each had one. The sampled draft path sometimes proposes fewer (a step after a
+    rejection proposing none: counts ``[1, 2, 1, 1]`` for L 4, K 3, seen once in about 17000
+    requests; the same path also draws some tokens from a row that is not the emitted
+    prefix's, and a fixed seed does not always reproduce its output), so a step may be read
+    as proposing fewer than ``d`` ("short"): the reading taken has the fewest short steps and,
+    among those, the most drafted tokens, so that the acceptance share is never overstated.
 
     Args:
         step_counts: the main model's ``m_batch_sizes`` for the request.
@@ -212,45 +227,50 @@ def draft_model_counts(
         greedy: whether the request decoded greedily.
 
     Returns:
-        (draft tokens the main model validated, those it accepted).
+        (draft tokens the main model was given, those it accepted, short steps read).
 
     Raises:
-        CounterError: no reading, or readings that disagree.
+        CounterError: no reading at all.
     """
-    readings: set[tuple[int, int]] = set()
-    counts = [int(count) for count in step_counts]
+    counts = tuple(int(count) for count in step_counts)
     if not counts or counts[0] != 1:
-        raise CounterError(f"the first main step must be the prefill's 1, got {counts}")
+        raise CounterError(f"the first main step must be the prefill's 1, got {list(counts)}")
 
-    def read(step: int, generated: int, drafted: int, accepted: int) -> None:
-        if step == len(counts):
-            if generated == new_tokens:
-                readings.add((drafted, accepted))
-            return
-        if generated >= new_tokens:
-            return
-        count = counts[step]
-        proposed = min(num_assistant_tokens, new_tokens - generated - 1)
-        outcomes: list[tuple[int, int]] = []  # (emitted, accepted) that give this count
+    def outcomes(count: int, proposed: int) -> list[tuple[int, int]]:
+        """(emitted, accepted) of a step of ``proposed`` drafts that gives ``count``."""
         if proposed == 0:
-            outcomes = [(1, 0)] if count == 1 else []
-        elif greedy:
-            outcomes = [(count, count - 1)] if 1 <= count <= proposed + 1 else []
-        else:
-            if count == proposed + 1:
-                outcomes.append((proposed + 1, proposed))
-            if 2 <= count <= proposed + 1:
-                outcomes.append((count - 1, count - 2))
-        for emitted, kept in outcomes:
-            read(step + 1, generated + emitted, drafted + proposed, accepted + kept)
+            return [(1, 0)] if count == 1 else []
+        if greedy:
+            return [(count, count - 1)] if 1 <= count <= proposed + 1 else []
+        found = [(proposed + 1, proposed)] if count == proposed + 1 else []
+        return found + ([(count - 1, count - 2)] if 2 <= count <= proposed + 1 else [])
 
-    read(1, 1, 0, 0)
-    if len(readings) != 1:
+    @functools.cache
+    def best(step: int, generated: int) -> tuple[int, int, int] | None:
+        """The best reading of steps ``step..`` after ``generated`` tokens:
+        (short steps, -drafted, accepted), or None."""
+        if step == len(counts):
+            return (0, 0, 0) if generated == new_tokens else None
+        if generated >= new_tokens:
+            return None
+        expected = min(num_assistant_tokens, new_tokens - generated - 1)
+        found: tuple[int, int, int] | None = None
+        for proposed in range(expected, -1, -1):
+            for emitted, kept in outcomes(counts[step], proposed):
+                rest = best(step + 1, generated + emitted)
+                if rest is not None:
+                    reading = (rest[0] + (proposed < expected), rest[1] - proposed, rest[2] + kept)
+                    found = reading if found is None else min(found, reading)
+        return found
+
+    reading = best(1, 1)
+    if reading is None:
         raise CounterError(
-            f"main step counts {counts} for L={new_tokens}, K={num_assistant_tokens}, "
-            f"greedy={greedy} have {len(readings)} readings: {sorted(readings)}"
+            f"main step counts {list(counts)} for L={new_tokens}, K={num_assistant_tokens}, "
+            f"greedy={greedy} have no reading"
         )
-    return readings.pop()
+    short, negative_drafted, accepted = reading
+    return -negative_drafted, accepted, short
 
 
 def lookup_candidates(context: list[int], wanted: int, max_ngram_size: int) -> list[int]:
@@ -380,6 +400,8 @@ class Engine:
         self.request = compiled.create_infer_request()
         # One request at a time: the pipeline and the infer request keep state.
         self.lock = threading.Lock()
+        self.requests = 0
+        self.short_requests = 0  # draft-model requests whose counts needed short steps
         self.versions = {"openvino": ov.get_version(), "openvino_genai": og.get_version()}
 
     def _check_ids(self, name: str, ids: Any) -> list[int]:
@@ -423,6 +445,7 @@ class Engine:
         ids = self.ov.Tensor(np.array([prompt], dtype=np.int64))
         with self.lock:
             result = self.pipeline.generate(ids, config)
+            self.requests += 1
         tokens = [int(token) for token in result.tokens[0]]
         if len(tokens) != new_tokens:
             raise RuntimeError(f"asked for {new_tokens} tokens, the engine returned {tokens}")
@@ -435,11 +458,16 @@ class Engine:
             steps = len(raw.token_infer_durations)
         else:
             raw = result.extended_perf_metrics.main_model_metrics.raw_metrics
-            drafted, accepted = draft_model_counts(
+            drafted, accepted, short = draft_model_counts(
                 list(raw.m_batch_sizes), new_tokens, self.num_assistant_tokens,
                 temperature is None,
             )
             steps = len(raw.m_durations)
+            if short:
+                self.short_requests += 1
+                print(f"seed {seed}: main step counts {list(raw.m_batch_sizes)} read with "
+                      f"{short} short step(s): drafted {drafted}, accepted {accepted}",
+                      file=sys.stderr, flush=True)
         if accepted != new_tokens - steps:
             raise CounterError(f"accepted {accepted} but {new_tokens} tokens in {steps} steps")
         return {"tokens": tokens, "drafted": drafted, "accepted": accepted}
@@ -500,6 +528,12 @@ def make_handler(engine: Engine, description: str) -> type[BaseHTTPRequestHandle
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"  # keep-alive: the client reuses one connection
 
+        def setup(self) -> None:
+            super().setup()
+            # The headers and the body leave in two writes: with Nagle's algorithm on, the
+            # body waits for the client's delayed ACK (40 ms a request on Linux).
+            self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
         def log_message(self, format: str, *args: Any) -> None:
             pass  # one line per request would fill the log; errors are printed below
 
@@ -514,7 +548,9 @@ def make_handler(engine: Engine, description: str) -> type[BaseHTTPRequestHandle
         def do_GET(self) -> None:
             if self.path == "/health":
                 self._answer(200, {"status": "ok", "description": description,
-                                   "vocab_size": engine.vocab_size, **engine.versions})
+                                   "vocab_size": engine.vocab_size, **engine.versions,
+                                   "pid": os.getpid(), "requests": engine.requests,
+                                   "short_step_requests": engine.short_requests})
             else:
                 self._answer(404, {"error": f"no such path: {self.path}"})
 
