@@ -4,7 +4,8 @@ a placeholder saying why it did not load.
 A name is a registered adapter (entry-point group ``losslessness.adapters``; this package
 registers ``reference``, ``transformers`` and the engines), ``mutant/<name>`` (a mutant or
 control of the zoo, :mod:`losslessness.zoo`), or ``pkg.module:callable``, imported as
-``python -m`` would: the current directory first, then ``PYTHONPATH``. The audit, the plan
+``python -m`` would: the current directory first, then ``PYTHONPATH``; the callable is a
+verifier, an Adapter, or a function without arguments that builds one. The audit, the plan
 command, the nightly, the device checks and the pytest plugin all resolve through here.
 
 Where a target runs is decided here too (:func:`runs_in_process`): the reference, the toy loops
@@ -15,6 +16,7 @@ and the zoo in the audit's own process, every other target in a worker process
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -50,6 +52,16 @@ def _as_adapter(name: str, loaded: object, greedy: bool, protocol: str = "chain"
         return loaded
     if not callable(loaded):
         raise AdapterNotFound(f"{name}: {type(loaded).__name__} object is not callable")
+    if _takes_no_arguments(loaded):
+        # A factory, as an entry point may name (losslessness.adapters.e2e's engine targets):
+        # no verifier protocol has a call without arguments.
+        built = loaded()
+        if not isinstance(built, Adapter):
+            raise AdapterNotFound(
+                f"{name}: takes no arguments, so it must return an Adapter; it returned a "
+                f"{type(built).__name__}"
+            )
+        return built
     if protocol == "tree":
         return Adapter(name=name, description=f"{name} (tree protocol)", tree=loaded)
     if protocol == "serving":
@@ -67,6 +79,14 @@ def _as_adapter(name: str, loaded: object, greedy: bool, protocol: str = "chain"
     if greedy or protocol == "greedy":
         return Adapter(name=name, description=f"{name} (greedy protocol)", greedy=loaded)
     return Adapter(name=name, description=f"{name} (chain protocol)", chain=loaded)
+
+
+def _takes_no_arguments(function: Callable[..., object]) -> bool:
+    try:
+        parameters = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return all(parameter.default is not inspect.Parameter.empty for parameter in parameters)
 
 
 def load_callable(spec: str) -> object:
