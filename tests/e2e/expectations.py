@@ -18,20 +18,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from losslessness.adapters.e2e.openvino import DRAFT_LOSSY_REASON
+
 EXPECTED: dict[str, tuple[str, str]] = {
     "e2e/llama.cpp-synthetic": (
         "LOSSY",
         "by design: --spec-synth-len accepts drafts at a fixed rate "
         "(server_sample_and_accept_synth, tools/server/server-context.cpp)",
     ),
-    "e2e/openvino-draft": (
-        "LOSSY",
-        "finding: OpenVINO GenAI 2026.4.1 speculative sampling with a draft model accepts a "
-        "draft d when a uniform on {0, 0.01, ..., 1} is <= q(d) / p(y) for a fresh target "
-        "sample y, and replaces a rejected draft by a sample of the next target row, with no "
-        "residual norm(max(0, p - q)) (src/cpp/src/sampling/sampler.cpp, "
-        "Sampler::validate_candidate and get_p_prime)",
-    ),
+    "e2e/openvino-draft": ("LOSSY", f"finding: {DRAFT_LOSSY_REASON}"),
 }
 """Targets expected LOSSY, with why. Every other engine target is expected LOSSLESS."""
 

@@ -289,15 +289,15 @@ def test_both_drafters_show_accepted_drafts(
 
 
 def test_the_adapters_hold_the_engine_cases(built: Built) -> None:
-    """Four end-to-end targets each, speculation required; the draft model's adapter expects
-    LOSSY (the validate_candidate finding); lookup's prompts carry the target's own
-    continuation."""
+    """Four end-to-end targets each, speculation required; neither adapter declares a verdict
+    (the draft model's LOSSY is a finding, kept in tests/e2e/expectations.py, not a design);
+    lookup's prompts carry the target's own continuation."""
     for make, name in ((openvino.draft_adapter, "e2e/openvino-draft"),
                        (openvino.lookup_adapter, "e2e/openvino-lookup")):
         adapter = make()
         assert adapter.name == name and len(adapter.end_to_end) == 4
         assert all(target.requires_speculation for target in adapter.end_to_end)
         assert adapter.end_to_end[3].greedy
-        assert adapter.expected_verdict == ("LOSSY" if "draft" in name else None)
+        assert adapter.expected_verdict is None
     lookup_prompts = {case.prompt for case in openvino.lookup_cases(built[1])}
     assert all(any(prompt.startswith(text) for text in PROMPTS) for prompt in lookup_prompts)

@@ -71,6 +71,7 @@ from losslessness.adapters.e2e.models import (
     TinyModels,
     build_tiny_models,
     cache_root,
+    greedy_continuation,
     transformers_next_token_probs,
 )
 from losslessness.adapters.e2e.process import LOOPBACK, ServerProcess
@@ -362,14 +363,10 @@ def ngram_adapter() -> Adapter:
     """``e2e/llama.cpp-ngram``: ``ngram-simple`` drafting on prompts that repeat themselves
     after their greedy continuation (module docstring)."""
     install = installed()
-    reference = _reference(install.models)
 
     def repeating(text: str) -> list[int]:
         base = list(install.models.prompt_ids(text))
-        continuation: list[int] = []
-        for _ in range(8):
-            continuation.append(int(reference(base + continuation).argmax()))
-        return base + continuation + base[1:]
+        return base + greedy_continuation(install.models.target, base, 8) + base[1:]
 
     flags = ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "1",
              "--spec-ngram-simple-size-m", "3"]

@@ -41,6 +41,7 @@ __all__ = [
     "TinyModels",
     "build_tiny_models",
     "cache_root",
+    "greedy_continuation",
     "transformers_next_token_probs",
 ]
 
@@ -267,6 +268,21 @@ def transformers_next_token_probs(model_dir: Path, prefix_ids: list[int]) -> tor
     with torch.no_grad():
         logits = model(torch.tensor([prefix_ids], dtype=torch.int64)).logits[0, -1]
     return torch.softmax(logits.to(torch.float64), dim=-1)
+
+
+def greedy_continuation(model_dir: Path, prefix_ids: list[int], tokens: int) -> list[int]:
+    """The ``tokens`` ids transformers' greedy decoding of the saved model adds after
+    ``prefix_ids`` (what n-gram and prompt-lookup drafters need in a prompt to draft at all:
+    the target's greedy chain revisits tokens, so after it the target's next tokens occur
+    earlier in the context, followed by what the target is likely to say again).
+
+    Raises:
+        AdapterUnavailable: transformers is not installed.
+    """
+    ids = list(prefix_ids)
+    for _ in range(tokens):
+        ids.append(int(torch.argmax(transformers_next_token_probs(model_dir, ids))))
+    return ids[len(prefix_ids):]
 
 
 _LOADED: dict[str, Any] = {}

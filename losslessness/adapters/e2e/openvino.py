@@ -64,6 +64,7 @@ from losslessness.adapters.e2e.models import (
     TinyModels,
     build_tiny_models,
     cache_root,
+    greedy_continuation,
     transformers_next_token_probs,
 )
 from losslessness.adapters.e2e.process import EngineProcessError, ServerProcess
@@ -632,9 +633,7 @@ def lookup_cases(
         if case.prompt in prompts:
             continue
         ids = list(models.prompt_ids(case.prompt))
-        for _ in range(continuation):
-            law = transformers_next_token_probs(models.target, ids)
-            ids.append(int(torch.argmax(law)))
+        ids += greedy_continuation(models.target, ids, continuation)
         prompts[case.prompt] = str(processor.decode(ids[1:]))
     return tuple(
         EngineCase(prompts[case.prompt], case.sampling, case.new_tokens) for case in DEFAULT_CASES
@@ -648,7 +647,8 @@ def _reference(models: TinyModels) -> Callable[[list[int]], torch.Tensor]:
 def draft_adapter() -> Adapter:
     """``e2e/openvino-draft``: OpenVINO GenAI with the tiny draft model, on
     :data:`~losslessness.adapters.e2e.engine.DEFAULT_CASES`, its law cross-checked with
-    transformers'; expected LOSSY (:data:`DRAFT_LOSSY_REASON`).
+    transformers'. Not declared lossy: its LOSSY verdict is a finding about the engine
+    (:data:`DRAFT_LOSSY_REASON`), not a design; ``tests/e2e/expectations.py`` records it.
 
     Raises:
         AdapterUnavailable: as :func:`openvino_client`.
@@ -656,8 +656,7 @@ def draft_adapter() -> Adapter:
     client, models = openvino_client("draft")
     return engine_adapter(
         "e2e/openvino-draft", client, models.prompt_ids, DEFAULT_CASES,
-        reference_law=_reference(models), expected_verdict="LOSSY",
-        expected_reason=DRAFT_LOSSY_REASON,
+        reference_law=_reference(models),
     )
 
 
