@@ -35,15 +35,12 @@ without speculation repeated 1000 of 1000.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from functools import partial
@@ -60,6 +57,13 @@ from losslessness.adapters.e2e.engine import (
     Sampling,
     engine_adapter,
 )
+from losslessness.adapters.e2e.environments import (
+    EngineBuildError,
+    find_constraints,
+    locked,
+    run_logged,
+    size_bytes,
+)
 from losslessness.adapters.e2e.models import (
     TinyModels,
     build_tiny_models,
@@ -73,7 +77,6 @@ __all__ = [
     "BUILD_COMMAND",
     "OPENVINO_PACKAGES",
     "ConvertedModels",
-    "OpenVinoBuildError",
     "OpenVinoClient",
     "OpenVinoEnvironment",
     "convert_tiny_models",
@@ -99,9 +102,6 @@ BUILD_COMMAND = "python -m losslessness.adapters.e2e.openvino"
 
 BUILD_VARIABLE = "LOSSLESSNESS_E2E_BUILD"
 """Set to 1, the adapters build what is missing instead of being unavailable."""
-
-CONSTRAINTS_VARIABLE = "LOSSLESSNESS_CONSTRAINTS"
-"""A pip constraints file to use instead of the repository's ``constraints.txt``."""
 
 NUM_ASSISTANT_TOKENS = 3
 """K: draft tokens (or lookup candidates) per step."""
@@ -131,11 +131,6 @@ DRAFT_LOSSY_REASON = (
     "exact."
 )
 """Why ``e2e/openvino-draft`` is LOSSY on its sampled cases."""
-
-
-class OpenVinoBuildError(RuntimeError):
-    """Building the environment or converting the models failed; the message names the
-    command, its exit code and the end of its log."""
 
 
 @dataclass(frozen=True)
@@ -198,84 +193,6 @@ def _unavailable(what: str) -> AdapterUnavailable:
     )
 
 
-def find_constraints() -> Path | None:
-    """The pip constraints file: ``$LOSSLESSNESS_CONSTRAINTS``, else ``constraints.txt`` of the
-    repository this package lies in, else of the current directory (tox runs from the
-    repository's root); None when there is none (pip then resolves torch freely).
-
-    Raises:
-        OpenVinoBuildError: ``$LOSSLESSNESS_CONSTRAINTS`` names a missing file.
-    """
-    configured = os.environ.get(CONSTRAINTS_VARIABLE)
-    if configured:
-        path = Path(configured)
-        if not path.is_file():
-            raise OpenVinoBuildError(f"{CONSTRAINTS_VARIABLE}={configured}: no such file")
-        return path
-    for candidate in (Path(__file__).resolve().parents[3], Path.cwd()):
-        if (candidate / "constraints.txt").is_file():
-            return candidate / "constraints.txt"
-    return None
-
-
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    """An exclusive lock on ``path`` (two audits building at once wait for each other)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def _clean_environment() -> dict[str, str]:
-    """This process's environment without what would leak the audit's Python into the
-    engine's (``PYTHONPATH``, ``PYTHONHOME``, the active venv), one thread for torch and
-    tokenizers, and the Hugging Face hub offline (nothing is downloaded)."""
-    leaked = {"PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYTHONSTARTUP"}
-    environment = {key: value for key, value in os.environ.items() if key not in leaked}
-    environment.update(
-        OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1",
-        TRANSFORMERS_OFFLINE="1", HF_HUB_DISABLE_TELEMETRY="1",
-    )
-    return environment
-
-
-def _run(command: list[str], log: Path, what: str, cwd: Path | None = None) -> str:
-    """Run ``command``, appending its output to ``log``; its stdout is returned.
-
-    Raises:
-        OpenVinoBuildError: it failed (command, exit code and the log's end named).
-    """
-    with log.open("a") as handle:
-        handle.write(f"\n$ {' '.join(command)}\n")
-        handle.flush()
-        completed = subprocess.run(
-            command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=handle,
-            env=_clean_environment(), cwd=cwd, text=True, check=False,
-        )
-        handle.write(completed.stdout)
-    if completed.returncode != 0:
-        tail = log.read_text(errors="replace")[-3000:]
-        raise OpenVinoBuildError(
-            f"{what} failed (exit code {completed.returncode}; command: {' '.join(command)}; "
-            f"log {log}):\n{tail}"
-        )
-    return completed.stdout
-
-
-def _size_bytes(path: Path) -> int:
-    """Bytes of the files under ``path`` (links not followed)."""
-    total = 0
-    for root, _, files in os.walk(path):
-        for name in files:
-            with contextlib.suppress(OSError):
-                total += os.lstat(os.path.join(root, name)).st_size
-    return total
-
-
 _VERSIONS_SCRIPT = """
 import json, importlib.metadata as metadata
 import openvino, openvino_genai, openvino_tokenizers, optimum.intel, transformers, torch
@@ -307,7 +224,7 @@ def ensure_openvino_environment(build: bool = True) -> OpenVinoEnvironment:
     Raises:
         AdapterUnavailable: it is not built and ``build`` is False (the message names
             :data:`BUILD_COMMAND`).
-        OpenVinoBuildError: the build failed.
+        EngineBuildError: the build failed.
     """
     directory = environment_directory()
     info_path = directory / "environment.json"
@@ -315,7 +232,7 @@ def ensure_openvino_environment(build: bool = True) -> OpenVinoEnvironment:
     if not (info_path.is_file() and python.exists()):
         if not build:
             raise _unavailable(f"the OpenVINO GenAI environment is not built ({directory})")
-        with _locked(directory.with_name(directory.name + ".lock")):
+        with locked(directory.with_name(directory.name + ".lock")):
             if not (info_path.is_file() and python.exists()):
                 _build_environment(directory, info_path, python)
     info: dict[str, Any] = json.loads(info_path.read_text())
@@ -329,28 +246,28 @@ def _build_environment(directory: Path, info_path: Path, python: Path) -> None:
     constraints = find_constraints()
     began = time.perf_counter()
     # Built in place, never moved: a venv's scripts (optimum-cli) name its path.
-    _run([sys.executable, "-m", "venv", str(directory / "venv")], log, "creating the venv")
+    run_logged([sys.executable, "-m", "venv", str(directory / "venv")], log, "creating the venv")
     install = [str(python), "-m", "pip", "install", "--no-input", *OPENVINO_PACKAGES]
     if constraints is not None:
         install[4:4] = ["-c", str(constraints)]
-    _run(install, log, "pip install of OpenVINO GenAI")
+    run_logged(install, log, "pip install of OpenVINO GenAI")
     # Only optimum-intel's vision-language code imports torchvision; the wheel pip pulls is
     # built for the CUDA torch and breaks every transformers import beside the CPU one.
-    _run([str(python), "-m", "pip", "uninstall", "-y", "torchvision"], log,
+    run_logged([str(python), "-m", "pip", "uninstall", "-y", "torchvision"], log,
          "pip uninstall of torchvision")
     install_s = time.perf_counter() - began
-    versions = json.loads(_run([str(python), "-c", _VERSIONS_SCRIPT], log,
+    versions = json.loads(run_logged([str(python), "-c", _VERSIONS_SCRIPT], log,
                                "importing OpenVINO GenAI").strip().splitlines()[-1])
-    freeze = _run([str(python), "-m", "pip", "freeze"], log, "pip freeze").split()
+    freeze = run_logged([str(python), "-m", "pip", "freeze"], log, "pip freeze").split()
     info = {
         "packages": list(OPENVINO_PACKAGES),
         "versions": versions,
-        "python": _run([str(python), "-c", "import sys; print(sys.version.split()[0])"], log,
+        "python": run_logged([str(python), "-c", "import sys; print(sys.version.split()[0])"], log,
                        "python --version").strip(),
         "constraints": None if constraints is None else str(constraints),
         "torchvision_uninstalled": True,
         "install_s": round(install_s, 1),
-        "size_bytes": _size_bytes(directory / "venv"),
+        "size_bytes": size_bytes(directory / "venv"),
         "built_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "pip_freeze": freeze,
     }
@@ -395,7 +312,7 @@ def _stage_with_fast_tokenizer(hf_dir: Path, staging: Path) -> None:
     tokenizer.save_pretrained(str(staging))
     (staging / "tokenizer.model").unlink(missing_ok=True)
     if not (staging / "tokenizer.json").is_file():
-        raise OpenVinoBuildError(f"transformers wrote no tokenizer.json for {hf_dir}")
+        raise EngineBuildError(f"transformers wrote no tokenizer.json for {hf_dir}")
 
 
 def convert_tiny_models(
@@ -418,14 +335,14 @@ def convert_tiny_models(
 
     Raises:
         AdapterUnavailable: not converted and ``build`` is False.
-        OpenVinoBuildError: the conversion or the tokenizer check failed.
+        EngineBuildError: the conversion or the tokenizer check failed.
     """
     directory = environment.directory / "ir" / models.directory.name
     info_path = directory / "conversion.json"
     if not info_path.is_file():
         if not build:
             raise _unavailable(f"the tiny models are not converted to OpenVINO IR ({directory})")
-        with _locked(directory.with_name(directory.name + ".lock")):
+        with locked(directory.with_name(directory.name + ".lock")):
             if not info_path.is_file():
                 _convert(environment, models, directory, info_path)
     info: dict[str, Any] = json.loads(info_path.read_text())
@@ -444,27 +361,27 @@ def _convert(
         began = time.perf_counter()
         _stage_with_fast_tokenizer(hf_dir, staging)
         building = directory / f"{name}.building"
-        _run([str(environment.optimum_cli), "export", "openvino", "--model", str(staging),
+        run_logged([str(environment.optimum_cli), "export", "openvino", "--model", str(staging),
               "--task", "text-generation-with-past", "--weight-format", "fp32", str(building)],
              log, f"optimum-cli export openvino of the {name}", cwd=directory)
         missing = [file for file in ("openvino_model.xml", "openvino_tokenizer.xml")
                    if not (building / file).is_file()]
         if missing:
-            raise OpenVinoBuildError(f"optimum-cli wrote no {', '.join(missing)} for the "
+            raise EngineBuildError(f"optimum-cli wrote no {', '.join(missing)} for the "
                                      f"{name} (log {log})")
         building.rename(directory / name)
         shutil.rmtree(staging)
         info[name] = {"seconds": round(time.perf_counter() - began, 1),
-                      "size_bytes": _size_bytes(directory / name)}
+                      "size_bytes": size_bytes(directory / name)}
     texts = list(PROMPTS)
     expected = [list(models.prompt_ids(text)) for text in texts]
-    check = json.loads(_run(
+    check = json.loads(run_logged(
         [str(environment.python), "-c", _TOKENIZER_CHECK, json.dumps(texts),
          json.dumps(expected), str(directory / "target")],
         log, "the OpenVINO tokenizer check",
     ).strip().splitlines()[-1])
     if not check["equal"]:
-        raise OpenVinoBuildError(f"OpenVINO's tokenizer encodes differently from the "
+        raise EngineBuildError(f"OpenVINO's tokenizer encodes differently from the "
                                  f"SentencePiece model: {check}")
     info["tokenizer_check"] = check
     info_path.write_text(json.dumps(info, indent=1) + "\n")
@@ -592,7 +509,7 @@ def openvino_client(mode: str) -> tuple[OpenVinoClient, TinyModels]:
     Raises:
         AdapterUnavailable: the environment or the conversion is missing and
             ``LOSSLESSNESS_E2E_BUILD`` is not 1; transformers or sentencepiece is missing.
-        OpenVinoBuildError: a build that was allowed failed.
+        EngineBuildError: a build that was allowed failed.
     """
     build = _may_build()
     environment = ensure_openvino_environment(build=build)
