@@ -1,6 +1,9 @@
 """What the engines installed in environments of their own share (OpenVINO GenAI, ONNX Runtime
 GenAI): the pip constraints that hold torch to the CPU build, a lock so that two audits do not
-build at once, a clean environment for the engine's Python, logged commands, sizes.
+build at once, a clean environment for the engine's Python, logged commands, sizes, and the
+client of the small server of ours (``shims/``) each engine runs behind: ``GET /health``,
+``POST /generate`` (``prompt_ids``, ``max_new_tokens``, ``seed``, ``sampling`` -> ``tokens``,
+``drafted``, ``accepted``) and ``POST /law`` (``prefix_ids``, ``sampling`` -> ``probs``).
 """
 
 from __future__ import annotations
@@ -9,12 +12,17 @@ import contextlib
 import fcntl
 import os
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
+
+from losslessness.adapters.e2e.engine import Sampling
+from losslessness.adapters.e2e.process import EngineProcessError, ServerProcess
 
 __all__ = [
     "CONSTRAINTS_VARIABLE",
     "EngineBuildError",
+    "ShimClient",
     "clean_environment",
     "find_constraints",
     "locked",
@@ -107,3 +115,95 @@ def size_bytes(path: Path) -> int:
             with contextlib.suppress(OSError):
                 total += os.lstat(os.path.join(root, name)).st_size
     return total
+
+
+SERVER_ENVIRONMENT = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+"""One thread for the engine's server (the 2-core machine is shared)."""
+
+
+class ShimClient:
+    """An engine behind one of our servers (``shims/``), in the
+    :class:`~losslessness.adapters.e2e.engine.EngineClient` protocol, started on the first
+    request.
+
+    Args:
+        name: the server's name in messages (``openvino-genai (draft)``).
+        command: its command line (``{port}`` replaced by the port).
+        description: what is audited (engine, versions, drafter, settings).
+        vocab_size: V.
+        startup_timeout_s, request_timeout_s: as :class:`ServerProcess`'s.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        command: Sequence[str],
+        description: str,
+        vocab_size: int,
+        startup_timeout_s: float,
+        request_timeout_s: float,
+    ) -> None:
+        self.vocab_size = vocab_size
+        self.description = description
+        self.server = ServerProcess(
+            name, command, startup_timeout_s=startup_timeout_s,
+            request_timeout_s=request_timeout_s, environment=SERVER_ENVIRONMENT,
+        )
+
+    def health(self) -> dict[str, Any]:
+        """The server's ``/health`` answer (versions, V), starting it if needed.
+
+        Raises:
+            EngineProcessError: the server could not start or answer.
+        """
+        answer: dict[str, Any] = self.server.request_json("/health")
+        return answer
+
+    def generate(
+        self, prompt_ids: list[int], max_new_tokens: int, seed: int, sampling: Sampling
+    ) -> tuple[list[int], int, int]:
+        """One request with speculation on: ``(max_new_tokens ids, drafted, accepted)``, the
+        counters as the server derives them (each shim's docstring says how).
+
+        Raises:
+            EngineProcessError: the server failed, refused the request or answered malformed.
+        """
+        answer = self.server.request_json("/generate", {
+            "prompt_ids": [int(token) for token in prompt_ids],
+            "max_new_tokens": int(max_new_tokens), "seed": int(seed),
+            "sampling": _sampling_json(sampling),
+        })
+        try:
+            tokens = [int(token) for token in answer["tokens"]]
+            return tokens, int(answer["drafted"]), int(answer["accepted"])
+        except (KeyError, TypeError, ValueError) as error:
+            raise EngineProcessError(
+                f"{self.server.name}: /generate answered {answer!r:.300}"
+            ) from error
+
+    def next_token_law(self, prefix_ids: list[int], sampling: Sampling) -> list[float]:
+        """The engine's non-speculative next-token law after ``prefix_ids`` (``[V]`` floats;
+        greedy: the unprocessed softmax, whose argmax greedy decoding takes).
+
+        Raises:
+            EngineProcessError: the server failed or answered malformed.
+        """
+        answer = self.server.request_json("/law", {
+            "prefix_ids": [int(token) for token in prefix_ids],
+            "sampling": _sampling_json(sampling),
+        })
+        try:
+            return [float(value) for value in answer["probs"]]
+        except (KeyError, TypeError, ValueError) as error:
+            raise EngineProcessError(
+                f"{self.server.name}: /law answered {answer!r:.300}"
+            ) from error
+
+    def close(self) -> None:
+        """Stop the server (and its process group)."""
+        self.server.stop()
+
+
+def _sampling_json(sampling: Sampling) -> dict[str, Any]:
+    return {"temperature": sampling.temperature, "top_k": sampling.top_k,
+            "top_p": sampling.top_p, "min_p": sampling.min_p}

@@ -80,6 +80,7 @@ from losslessness.adapters.e2e.engine import (
 )
 from losslessness.adapters.e2e.environments import (
     EngineBuildError,
+    ShimClient,
     find_constraints,
     locked,
     run_logged,
@@ -92,7 +93,6 @@ from losslessness.adapters.e2e.models import (
     greedy_continuation,
     transformers_next_token_probs,
 )
-from losslessness.adapters.e2e.process import EngineProcessError, ServerProcess
 
 __all__ = [
     "BUILD_COMMAND",
@@ -409,7 +409,7 @@ def _convert(
     info_path.write_text(json.dumps(info, indent=1) + "\n")
 
 
-class OrtGenAIClient:
+class OrtGenAIClient(ShimClient):
     """ONNX Runtime GenAI with speculation on, in the :class:`~losslessness.adapters.e2e.engine.
     EngineClient` protocol: a :class:`~losslessness.adapters.e2e.process.ServerProcess`
     running :mod:`~losslessness.adapters.e2e.shims.ortgenai_server` under the environment's
@@ -422,6 +422,9 @@ class OrtGenAIClient:
         vocab_size: V.
         max_draft_tokens: K, in [1, 16].
         ngram_size: n-gram speculation's N, in [2, 16].
+
+    The counters of a request are the engine's own (``get_speculative_stats()``'s
+    ``draft_tokens_proposed`` and ``draft_tokens_accepted``: the shim's ``Engine.generate``).
 
     Raises:
         ValueError: an unknown mode, or K or N out of range.
@@ -441,7 +444,6 @@ class OrtGenAIClient:
         if not 1 <= max_draft_tokens <= 16 or not 2 <= ngram_size <= 16:
             raise ValueError("max_draft_tokens: must be in [1, 16]; ngram_size: in [2, 16]")
         self.mode = mode
-        self.vocab_size = vocab_size
         drafter = ["--ngram-size", str(ngram_size)] if mode == "ngram" \
             else ["--speculative", str(converted.speculative)]
         command = [
@@ -454,79 +456,16 @@ class OrtGenAIClient:
             f"n-gram speculation (ngram_size {ngram_size})" if mode == "ngram"
             else "the tiny draft model (model.draft)"
         )
-        self.description = (
+        description = (
             f"ONNX Runtime GenAI {versions.get('onnxruntime-genai')} (onnxruntime "
             f"{versions.get('onnxruntime')}) Generator on CPU, fp32, one thread, "
             f"{drafter_text}, max_draft_tokens {max_draft_tokens}; tiny Llama target, "
             f"V={vocab_size}, converted by its model builder"
         )
-        self.server = ServerProcess(
-            f"onnxruntime-genai ({mode})", command,
-            startup_timeout_s=SERVER_STARTUP_TIMEOUT_S,
-            request_timeout_s=SERVER_REQUEST_TIMEOUT_S,
-            environment={"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"},
+        super().__init__(
+            f"onnxruntime-genai ({mode})", command, description, vocab_size,
+            SERVER_STARTUP_TIMEOUT_S, SERVER_REQUEST_TIMEOUT_S,
         )
-
-    def health(self) -> dict[str, Any]:
-        """The server's ``/health`` answer (versions, V), starting it if needed.
-
-        Raises:
-            EngineProcessError: the server could not start or answer.
-        """
-        answer: dict[str, Any] = self.server.request_json("/health")
-        return answer
-
-    def generate(
-        self, prompt_ids: list[int], max_new_tokens: int, seed: int, sampling: Sampling
-    ) -> tuple[list[int], int, int]:
-        """One request with speculation on: ``(max_new_tokens ids, drafted, accepted)``, the
-        counters the engine itself reports for the request (``get_speculative_stats()``'s
-        ``draft_tokens_proposed`` and ``draft_tokens_accepted``; see
-        :meth:`~losslessness.adapters.e2e.shims.ortgenai_server.Engine.generate`).
-
-        Raises:
-            EngineProcessError: the server failed, refused the request (a ``min_p`` is refused:
-                the engine has none) or answered malformed.
-        """
-        answer = self.server.request_json("/generate", {
-            "prompt_ids": [int(token) for token in prompt_ids],
-            "max_new_tokens": int(max_new_tokens), "seed": int(seed),
-            "sampling": _sampling_json(sampling),
-        })
-        try:
-            tokens = [int(token) for token in answer["tokens"]]
-            return tokens, int(answer["drafted"]), int(answer["accepted"])
-        except (KeyError, TypeError, ValueError) as error:
-            raise EngineProcessError(
-                f"{self.server.name}: /generate answered {answer!r:.300}"
-            ) from error
-
-    def next_token_law(self, prefix_ids: list[int], sampling: Sampling) -> list[float]:
-        """The engine's non-speculative next-token law after ``prefix_ids`` (``[V]`` floats;
-        greedy: the unprocessed softmax, whose argmax greedy decoding takes).
-
-        Raises:
-            EngineProcessError: the server failed or answered malformed.
-        """
-        answer = self.server.request_json("/law", {
-            "prefix_ids": [int(token) for token in prefix_ids],
-            "sampling": _sampling_json(sampling),
-        })
-        try:
-            return [float(value) for value in answer["probs"]]
-        except (KeyError, TypeError, ValueError) as error:
-            raise EngineProcessError(
-                f"{self.server.name}: /law answered {answer!r:.300}"
-            ) from error
-
-    def close(self) -> None:
-        """Stop the server (and its process group)."""
-        self.server.stop()
-
-
-def _sampling_json(sampling: Sampling) -> dict[str, Any]:
-    return {"temperature": sampling.temperature, "top_k": sampling.top_k,
-            "top_p": sampling.top_p, "min_p": sampling.min_p}
 
 
 def ortgenai_client(mode: str) -> tuple[OrtGenAIClient, TinyModels]:

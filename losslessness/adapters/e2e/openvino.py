@@ -54,11 +54,11 @@ from losslessness.adapters.e2e.engine import (
     DEFAULT_CASES,
     PROMPTS,
     EngineCase,
-    Sampling,
     engine_adapter,
 )
 from losslessness.adapters.e2e.environments import (
     EngineBuildError,
+    ShimClient,
     find_constraints,
     locked,
     run_logged,
@@ -71,7 +71,6 @@ from losslessness.adapters.e2e.models import (
     greedy_continuation,
     transformers_next_token_probs,
 )
-from losslessness.adapters.e2e.process import EngineProcessError, ServerProcess
 
 __all__ = [
     "BUILD_COMMAND",
@@ -387,7 +386,7 @@ def _convert(
     info_path.write_text(json.dumps(info, indent=1) + "\n")
 
 
-class OpenVinoClient:
+class OpenVinoClient(ShimClient):
     """OpenVINO GenAI with speculation on, in the :class:`~losslessness.adapters.e2e.engine.
     EngineClient` protocol: a :class:`~losslessness.adapters.e2e.process.ServerProcess`
     running :mod:`~losslessness.adapters.e2e.shims.openvino_server` under the environment's
@@ -419,7 +418,6 @@ class OpenVinoClient:
         if num_assistant_tokens < 1 or max_ngram_size < 1:
             raise ValueError("num_assistant_tokens and max_ngram_size: must be >= 1")
         self.mode = mode
-        self.vocab_size = vocab_size
         drafter = ["--lookup", "--max-ngram-size", str(max_ngram_size)] if mode == "lookup" \
             else ["--draft", str(converted.draft)]
         command = [
@@ -432,75 +430,17 @@ class OpenVinoClient:
             f"prompt lookup (max_ngram_size {max_ngram_size})" if mode == "lookup"
             else "the tiny draft model"
         )
-        self.description = (
+        description = (
             f"OpenVINO GenAI {versions.get('openvino-genai')} (openvino "
             f"{versions.get('openvino')}) LLMPipeline on CPU, f32 compute and KV cache, one "
             f"thread, {drafter_text}, num_assistant_tokens {num_assistant_tokens}; tiny "
             "target converted by optimum-intel "
             f"{versions.get('optimum-intel')}"
         )
-        self.server = ServerProcess(
-            f"openvino-genai ({mode})", command,
-            startup_timeout_s=SERVER_STARTUP_TIMEOUT_S,
-            request_timeout_s=SERVER_REQUEST_TIMEOUT_S,
-            environment={"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"},
+        super().__init__(
+            f"openvino-genai ({mode})", command, description, vocab_size, SERVER_STARTUP_TIMEOUT_S,
+            SERVER_REQUEST_TIMEOUT_S,
         )
-
-    def health(self) -> dict[str, Any]:
-        """The server's ``/health`` answer (versions, V), starting it if needed.
-
-        Raises:
-            EngineProcessError: the server could not start or answer.
-        """
-        answer: dict[str, Any] = self.server.request_json("/health")
-        return answer
-
-    def generate(
-        self, prompt_ids: list[int], max_new_tokens: int, seed: int, sampling: Sampling
-    ) -> tuple[list[int], int, int]:
-        """One request with speculation on: ``(max_new_tokens ids, drafted, accepted)``.
-
-        Raises:
-            EngineProcessError: the server failed, refused the request or answered malformed.
-        """
-        answer = self.server.request_json("/generate", {
-            "prompt_ids": [int(token) for token in prompt_ids],
-            "max_new_tokens": int(max_new_tokens), "seed": int(seed),
-            "sampling": _sampling_json(sampling),
-        })
-        try:
-            tokens = [int(token) for token in answer["tokens"]]
-            return tokens, int(answer["drafted"]), int(answer["accepted"])
-        except (KeyError, TypeError, ValueError) as error:
-            raise EngineProcessError(
-                f"{self.server.name}: /generate answered {answer!r:.300}"
-            ) from error
-
-    def next_token_law(self, prefix_ids: list[int], sampling: Sampling) -> list[float]:
-        """The engine's non-speculative next-token law after ``prefix_ids`` (``[V]`` floats).
-
-        Raises:
-            EngineProcessError: the server failed or answered malformed.
-        """
-        answer = self.server.request_json("/law", {
-            "prefix_ids": [int(token) for token in prefix_ids],
-            "sampling": _sampling_json(sampling),
-        })
-        try:
-            return [float(value) for value in answer["probs"]]
-        except (KeyError, TypeError, ValueError) as error:
-            raise EngineProcessError(
-                f"{self.server.name}: /law answered {answer!r:.300}"
-            ) from error
-
-    def close(self) -> None:
-        """Stop the server (and its process group)."""
-        self.server.stop()
-
-
-def _sampling_json(sampling: Sampling) -> dict[str, Any]:
-    return {"temperature": sampling.temperature, "top_k": sampling.top_k,
-            "top_p": sampling.top_p, "min_p": sampling.min_p}
 
 
 def openvino_client(mode: str) -> tuple[OpenVinoClient, TinyModels]:

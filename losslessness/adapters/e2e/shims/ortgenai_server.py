@@ -53,18 +53,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import sys
 import threading
 import time
-import traceback
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import numpy as np
 
-MAX_BODY_BYTES = 1 << 20
-"""Largest request body read (a prompt of a few hundred ids is a few kB)."""
+if __package__:
+    from .json_server import RequestError, serve
+else:  # run as a script by the engine's Python (python -I: its folder is not on sys.path)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from json_server import RequestError, serve  # type: ignore[import-not-found,no-redef]
 
 SEED_MODULUS = 2**31
 """``random_seed`` is a C++ ``int`` (``Config::Search::random_seed``; -1 draws a random seed):
@@ -80,10 +80,6 @@ COUNTERS = (
     "standard_fallback_steps", "ngram_lookup_hits", "ngram_lookup_misses",
 )
 """The counters of ``Generator.get_speculative_stats()`` each answer carries."""
-
-
-class RequestError(ValueError):
-    """A malformed request (HTTP 400); the message names the field."""
 
 
 # --------------------------------------------------------------------------- the sampler's law
@@ -395,62 +391,6 @@ def _sampling(value: Any) -> tuple[float | None, int | None, float | None]:
 # --------------------------------------------------------------------------- HTTP
 
 
-def make_handler(engine: Engine, description: str) -> type[BaseHTTPRequestHandler]:
-    """The request handler class serving ``engine`` (module docstring's endpoints)."""
-
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"  # keep-alive: the client reuses one connection
-
-        def setup(self) -> None:
-            super().setup()
-            # The headers and the body leave in two writes: with Nagle's algorithm on, the
-            # body waits for the client's delayed ACK (40 ms a request on Linux).
-            self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-        def log_message(self, format: str, *args: Any) -> None:
-            pass  # one line per request would fill the log; errors are printed below
-
-        def _answer(self, status: int, payload: dict[str, Any]) -> None:
-            body = json.dumps(payload).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def do_GET(self) -> None:
-            if self.path == "/health":
-                self._answer(200, {"status": "ok", "description": description,
-                                   "vocab_size": engine.vocab_size, "pid": os.getpid(),
-                                   **engine.versions})
-            else:
-                self._answer(404, {"error": f"no such path: {self.path}"})
-
-        def do_POST(self) -> None:
-            routes = {"/generate": engine.generate, "/law": engine.law}
-            length = int(self.headers.get("Content-Length") or 0)
-            if self.path not in routes:
-                self.rfile.read(min(length, MAX_BODY_BYTES))
-                self._answer(404, {"error": f"no such path: {self.path}"})
-                return
-            if length > MAX_BODY_BYTES:
-                self.close_connection = True
-                self._answer(400, {"error": f"body of {length} bytes is too large"})
-                return
-            try:
-                payload = json.loads(self.rfile.read(length))
-                if not isinstance(payload, dict):
-                    raise RequestError("body: expected a JSON object")
-                self._answer(200, routes[self.path](payload))
-            except (RequestError, json.JSONDecodeError) as error:
-                self._answer(400, {"error": str(error)})
-            except Exception as error:  # the engine failed: say so, keep serving
-                print(traceback.format_exc(), file=sys.stderr, flush=True)
-                self._answer(500, {"error": f"{type(error).__name__}: {error}"})
-
-    return Handler
-
-
 def main(argv: list[str] | None = None) -> None:
     """Parse the arguments, load the models, serve until terminated (SIGTERM ends it)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
@@ -477,11 +417,12 @@ def main(argv: list[str] | None = None) -> None:
         f"ONNX Runtime GenAI {engine.versions['onnxruntime_genai']} Generator on CPU (fp32, "
         f"{options.threads} thread(s)), {drafter}, max_draft_tokens {options.max_draft_tokens}"
     )
-    server = ThreadingHTTPServer(("127.0.0.1", options.port), make_handler(engine, description))
-    server.daemon_threads = True
-    print(f"{description}: serving on 127.0.0.1:{options.port} after "
-          f"{time.perf_counter() - began:.1f} s", flush=True)
-    server.serve_forever()
+    serve(
+        options.port, {"/generate": engine.generate, "/law": engine.law},
+        lambda: {"description": description, "vocab_size": engine.vocab_size,
+                 "pid": os.getpid(), **engine.versions},
+        description, began,
+    )
 
 
 if __name__ == "__main__":
