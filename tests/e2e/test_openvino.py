@@ -15,7 +15,6 @@ from __future__ import annotations
 import itertools
 import math
 import re
-import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,22 +35,9 @@ from losslessness.adapters.e2e.openvino import OpenVinoClient
 from losslessness.adapters.e2e.shims import openvino_server as shim
 from losslessness.reference.decoding import greedy_decode
 from losslessness.stats import identity_test
+from tests.e2e.processes import gone
 
 FILTERED = Sampling(temperature=0.8, top_k=20, top_p=0.9, min_p=0.05)
-
-
-def gone(pid: int, within_s: float = 10.0) -> bool:
-    """Whether ``pid`` no longer runs (a zombie counts as gone) within ``within_s``."""
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        try:
-            with open(f"/proc/{pid}/stat") as stat:
-                if stat.read().split(")")[-1].split()[0] == "Z":
-                    return True
-        except FileNotFoundError:
-            return True
-        time.sleep(0.1)
-    return False
 
 
 # --------------------------------------------------------------------------- always

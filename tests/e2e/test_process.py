@@ -17,26 +17,13 @@ from pathlib import Path
 import pytest
 
 from losslessness.adapters.e2e.process import EngineProcessError, ServerProcess
+from tests.e2e.processes import gone
 
 FAKE = str(Path(__file__).with_name("fake_server.py"))
 
 
 def server(mode: str, **options: float) -> ServerProcess:
     return ServerProcess(f"fake ({mode})", [sys.executable, FAKE, "{port}", mode], **options)
-
-
-def gone(pid: int, within_s: float = 10.0) -> bool:
-    """Whether ``pid`` no longer runs (a zombie counts as gone) within ``within_s``."""
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        try:
-            with open(f"/proc/{pid}/stat") as stat:
-                if stat.read().split(")")[-1].split()[0] == "Z":
-                    return True
-        except FileNotFoundError:
-            return True
-        time.sleep(0.1)
-    return False
 
 
 def test_a_healthy_server_answers_on_loopback_and_its_whole_group_is_stopped() -> None:
