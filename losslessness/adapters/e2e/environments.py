@@ -10,9 +10,15 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
+import shutil
 import subprocess
-from collections.abc import Iterator, Sequence
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +28,10 @@ from losslessness.adapters.e2e.process import EngineProcessError, ServerProcess
 __all__ = [
     "CONSTRAINTS_VARIABLE",
     "EngineBuildError",
+    "EngineEnvironment",
     "ShimClient",
     "clean_environment",
+    "ensure_environment",
     "find_constraints",
     "locked",
     "run_logged",
@@ -115,6 +123,115 @@ def size_bytes(path: Path) -> int:
             with contextlib.suppress(OSError):
                 total += os.lstat(os.path.join(root, name)).st_size
     return total
+
+
+@dataclass(frozen=True)
+class EngineEnvironment:
+    """An engine's built environment.
+
+    Attributes:
+        directory: its cache directory (the venv in ``venv/``, ``environment.json``).
+        python: the venv's interpreter.
+        info: ``environment.json``: the packages asked for and the versions resolved, the
+            packages uninstalled after, the install's seconds, the venv's bytes, the
+            constraints file used, the full ``pip freeze``.
+    """
+
+    directory: Path
+    python: Path
+    info: dict[str, Any]
+
+    @property
+    def versions(self) -> dict[str, str]:
+        """Resolved versions of the engine's packages."""
+        versions: dict[str, str] = self.info["versions"]
+        return versions
+
+
+def ensure_environment(
+    directory: Path,
+    packages: Sequence[str],
+    label: str,
+    versions_script: str,
+    build: bool,
+    unavailable: Callable[[str], Exception],
+    uninstall: Sequence[str] = (),
+) -> EngineEnvironment:
+    """An engine's environment, built on first use and cached.
+
+    The venv is made with this interpreter's ``-m venv`` in ``directory/venv`` (in place,
+    never moved: a venv's scripts name its path); ``pip install`` gets ``packages`` with ``-c``
+    :func:`find_constraints`; ``uninstall`` is then removed; ``versions_script`` (run by the
+    venv's Python, its last line a JSON object) checks the imports and gives the versions.
+    ``environment.json`` is written last, so a build that was interrupted starts again; two
+    audits building at once wait for each other (:func:`locked`).
+
+    Args:
+        directory: the cache directory.
+        packages: pip requirements, pinned.
+        label: the engine's name in messages (``OpenVINO GenAI``).
+        versions_script: Python source printing the versions as JSON.
+        build: build what is missing; False: raise ``unavailable(reason)`` instead.
+        unavailable: the exception for a missing environment (naming the build command).
+        uninstall: packages to remove after the install, with why in the caller.
+
+    Raises:
+        EngineBuildError: a step failed (command, exit code and the log's end named).
+        Exception: ``unavailable(...)`` when not built and ``build`` is False.
+    """
+    info_path = directory / "environment.json"
+    python = directory / "venv" / "bin" / "python"
+    if not (info_path.is_file() and python.exists()):
+        if not build:
+            raise unavailable(f"the {label} environment is not built ({directory})")
+        with locked(directory.with_name(directory.name + ".lock")):
+            if not (info_path.is_file() and python.exists()):
+                _build(directory, info_path, python, packages, label, versions_script, uninstall)
+    info: dict[str, Any] = json.loads(info_path.read_text())
+    return EngineEnvironment(directory, python, info)
+
+
+def _build(
+    directory: Path,
+    info_path: Path,
+    python: Path,
+    packages: Sequence[str],
+    label: str,
+    versions_script: str,
+    uninstall: Sequence[str],
+) -> None:
+    shutil.rmtree(directory, ignore_errors=True)
+    directory.mkdir(parents=True)
+    log = directory / "install.log"
+    constraints = find_constraints()
+    began = time.perf_counter()
+    run_logged([sys.executable, "-m", "venv", str(directory / "venv")], log, "creating the venv")
+    install = [str(python), "-m", "pip", "install", "--no-input", *packages]
+    if constraints is not None:
+        install[4:4] = ["-c", str(constraints)]
+    run_logged(install, log, f"pip install of {label}")
+    if uninstall:
+        run_logged([str(python), "-m", "pip", "uninstall", "-y", *uninstall], log,
+                   f"pip uninstall of {', '.join(uninstall)}")
+    install_s = time.perf_counter() - began
+    versions = json.loads(run_logged([str(python), "-c", versions_script], log,
+                                     f"importing {label}").strip().splitlines()[-1])
+    freeze = run_logged([str(python), "-m", "pip", "freeze"], log, "pip freeze").split()
+    info = {
+        "packages": list(packages),
+        "versions": versions,
+        "python": run_logged([str(python), "-c", "import sys; print(sys.version.split()[0])"],
+                             log, "python --version").strip(),
+        "constraints": None if constraints is None else str(constraints),
+        "uninstalled": list(uninstall),
+        "install_s": round(install_s, 1),
+        "size_bytes": size_bytes(directory / "venv"),
+        "built_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "pip_freeze": freeze,
+    }
+    partial_path = info_path.with_suffix(".json.partial")
+    partial_path.write_text(json.dumps(info, indent=1) + "\n")
+    partial_path.rename(info_path)
 
 
 SERVER_ENVIRONMENT = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}

@@ -59,11 +59,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -80,8 +78,9 @@ from losslessness.adapters.e2e.engine import (
 )
 from losslessness.adapters.e2e.environments import (
     EngineBuildError,
+    EngineEnvironment,
     ShimClient,
-    find_constraints,
+    ensure_environment,
     locked,
     run_logged,
     size_bytes,
@@ -164,26 +163,8 @@ ORTGENAI_CASES = tuple(
 """:data:`~losslessness.adapters.e2e.engine.DEFAULT_CASES` without min-p (module docstring)."""
 
 
-@dataclass(frozen=True)
-class OrtGenAIEnvironment:
-    """The built environment.
-
-    Attributes:
-        directory: ``cache_root()/onnxruntime-genai-0.18.0``.
-        python: the venv's interpreter.
-        info: ``environment.json``: the resolved versions, install seconds, size in bytes,
-            the constraints file used, the full ``pip freeze``.
-    """
-
-    directory: Path
-    python: Path
-    info: dict[str, Any]
-
-    @property
-    def versions(self) -> dict[str, str]:
-        """Resolved versions of the engine's packages (``onnxruntime-genai``, ...)."""
-        versions: dict[str, str] = self.info["versions"]
-        return versions
+OrtGenAIEnvironment = EngineEnvironment
+"""The built ONNX Runtime GenAI environment (``cache_root()/onnxruntime-genai-0.18.0``)."""
 
 
 @dataclass(frozen=True)
@@ -234,67 +215,22 @@ print(json.dumps(versions))
 
 
 def ensure_ortgenai_environment(build: bool = True) -> OrtGenAIEnvironment:
-    """The ONNX Runtime GenAI environment, built on first use and cached (module docstring).
-
-    The venv is made with this interpreter's ``-m venv``; ``pip install`` gets
-    :data:`ORTGENAI_PACKAGES` with ``-c`` :func:`find_constraints`; the imports are checked.
-    ``environment.json`` beside the venv records the resolved versions, the install's seconds
-    and the venv's bytes; it is written last, so a build that was interrupted is started again.
+    """The ONNX Runtime GenAI environment, built on first use and cached (module docstring):
+    :data:`ORTGENAI_PACKAGES`. See
+    :func:`~losslessness.adapters.e2e.environments.ensure_environment`.
 
     Args:
         build: build what is missing; False: raise instead.
-
-    Returns:
-        :class:`OrtGenAIEnvironment`.
 
     Raises:
         AdapterUnavailable: it is not built and ``build`` is False (the message names
             :data:`BUILD_COMMAND`).
         EngineBuildError: the build failed.
     """
-    directory = environment_directory()
-    info_path = directory / "environment.json"
-    python = directory / "venv" / "bin" / "python"
-    if not (info_path.is_file() and python.exists()):
-        if not build:
-            raise _unavailable(f"the ONNX Runtime GenAI environment is not built ({directory})")
-        with locked(directory.with_name(directory.name + ".lock")):
-            if not (info_path.is_file() and python.exists()):
-                _build_environment(directory, info_path, python)
-    info: dict[str, Any] = json.loads(info_path.read_text())
-    return OrtGenAIEnvironment(directory, python, info)
-
-
-def _build_environment(directory: Path, info_path: Path, python: Path) -> None:
-    shutil.rmtree(directory, ignore_errors=True)
-    directory.mkdir(parents=True)
-    log = directory / "install.log"
-    constraints = find_constraints()
-    began = time.perf_counter()
-    # Built in place, never moved: a venv's scripts name its path.
-    run_logged([sys.executable, "-m", "venv", str(directory / "venv")], log, "creating the venv")
-    install = [str(python), "-m", "pip", "install", "--no-input", *ORTGENAI_PACKAGES]
-    if constraints is not None:
-        install[4:4] = ["-c", str(constraints)]
-    run_logged(install, log, "pip install of ONNX Runtime GenAI")
-    install_s = time.perf_counter() - began
-    versions = json.loads(run_logged([str(python), "-c", _VERSIONS_SCRIPT], log,
-                               "importing ONNX Runtime GenAI").strip().splitlines()[-1])
-    freeze = run_logged([str(python), "-m", "pip", "freeze"], log, "pip freeze").split()
-    info = {
-        "packages": list(ORTGENAI_PACKAGES),
-        "versions": versions,
-        "python": run_logged([str(python), "-c", "import sys; print(sys.version.split()[0])"], log,
-                       "python --version").strip(),
-        "constraints": None if constraints is None else str(constraints),
-        "install_s": round(install_s, 1),
-        "size_bytes": size_bytes(directory / "venv"),
-        "built_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "pip_freeze": freeze,
-    }
-    partial_path = info_path.with_suffix(".json.partial")
-    partial_path.write_text(json.dumps(info, indent=1) + "\n")
-    partial_path.rename(info_path)
+    return ensure_environment(
+        environment_directory(), ORTGENAI_PACKAGES, "ONNX Runtime GenAI", _VERSIONS_SCRIPT, build,
+        _unavailable,
+    )
 
 
 _TOKENIZER_CHECK = """
