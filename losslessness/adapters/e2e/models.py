@@ -37,11 +37,13 @@ import torch
 from losslessness.adapters.base import AdapterUnavailable, import_optional
 
 __all__ = [
+    "BUILD_VARIABLE",
     "RECIPE",
     "TinyModels",
     "build_tiny_models",
     "cache_root",
     "greedy_continuation",
+    "may_build",
     "transformers_next_token_probs",
 ]
 
@@ -70,6 +72,16 @@ RECIPE = {
     "draft": {"seed": 4242, "relative_noise": 0.1},
 }
 """Everything the models depend on; its hash names the cache directory."""
+
+
+BUILD_VARIABLE = "LOSSLESSNESS_E2E_BUILD"
+"""Set to 1, an engine target builds what it is missing on first use; otherwise it is
+unavailable, naming the command that builds it."""
+
+
+def may_build() -> bool:
+    """Whether ``$LOSSLESSNESS_E2E_BUILD`` is 1 (:data:`BUILD_VARIABLE`)."""
+    return os.environ.get(BUILD_VARIABLE) == "1"
 
 
 def cache_root() -> Path:

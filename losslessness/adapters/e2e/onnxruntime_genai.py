@@ -57,7 +57,6 @@ unless ``LOSSLESSNESS_E2E_BUILD=1``: without the environment they are unavailabl
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import time
 from collections.abc import Callable
@@ -86,10 +85,12 @@ from losslessness.adapters.e2e.environments import (
     size_bytes,
 )
 from losslessness.adapters.e2e.models import (
+    BUILD_VARIABLE,
     TinyModels,
     build_tiny_models,
     cache_root,
     greedy_continuation,
+    may_build,
     transformers_next_token_probs,
 )
 
@@ -130,9 +131,6 @@ ENVIRONMENT_NAME = f"onnxruntime-genai-{ORTGENAI_VERSION}"
 
 BUILD_COMMAND = "python -m losslessness.adapters.e2e.onnxruntime_genai"
 """What builds the environment and the converted models (about 2 minutes and 1.3 GB)."""
-
-BUILD_VARIABLE = "LOSSLESSNESS_E2E_BUILD"
-"""Set to 1, the adapters build what is missing instead of being unavailable."""
 
 MAX_DRAFT_TOKENS = 3
 """K: draft tokens (or n-gram proposals) per round."""
@@ -189,10 +187,6 @@ class ConvertedModels:
 def environment_directory() -> Path:
     """``cache_root()/onnxruntime-genai-0.18.0``."""
     return cache_root() / ENVIRONMENT_NAME
-
-
-def _may_build() -> bool:
-    return os.environ.get(BUILD_VARIABLE) == "1"
 
 
 def _unavailable(what: str) -> AdapterUnavailable:
@@ -412,7 +406,7 @@ def ortgenai_client(mode: str) -> tuple[OrtGenAIClient, TinyModels]:
             ``LOSSLESSNESS_E2E_BUILD`` is not 1; transformers or sentencepiece is missing.
         EngineBuildError: a build that was allowed failed.
     """
-    build = _may_build()
+    build = may_build()
     environment = ensure_ortgenai_environment(build=build)
     models = build_tiny_models()
     converted = convert_tiny_models(environment, models, build=build)

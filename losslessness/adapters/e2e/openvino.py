@@ -36,7 +36,6 @@ without speculation repeated 1000 of 1000.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import time
 from collections.abc import Callable
@@ -64,10 +63,12 @@ from losslessness.adapters.e2e.environments import (
     size_bytes,
 )
 from losslessness.adapters.e2e.models import (
+    BUILD_VARIABLE,
     TinyModels,
     build_tiny_models,
     cache_root,
     greedy_continuation,
+    may_build,
     transformers_next_token_probs,
 )
 
@@ -97,9 +98,6 @@ ENVIRONMENT_NAME = "openvino-2026.4.1"
 
 BUILD_COMMAND = "python -m losslessness.adapters.e2e.openvino"
 """What builds the environment and the converted models (about 2 minutes and 1.6 GB)."""
-
-BUILD_VARIABLE = "LOSSLESSNESS_E2E_BUILD"
-"""Set to 1, the adapters build what is missing instead of being unavailable."""
 
 NUM_ASSISTANT_TOKENS = 3
 """K: draft tokens (or lookup candidates) per step."""
@@ -160,10 +158,6 @@ class ConvertedModels:
 def environment_directory() -> Path:
     """``cache_root()/openvino-2026.4.1``."""
     return cache_root() / ENVIRONMENT_NAME
-
-
-def _may_build() -> bool:
-    return os.environ.get(BUILD_VARIABLE) == "1"
 
 
 def _unavailable(what: str) -> AdapterUnavailable:
@@ -384,7 +378,7 @@ def openvino_client(mode: str) -> tuple[OpenVinoClient, TinyModels]:
             ``LOSSLESSNESS_E2E_BUILD`` is not 1; transformers or sentencepiece is missing.
         EngineBuildError: a build that was allowed failed.
     """
-    build = _may_build()
+    build = may_build()
     environment = ensure_openvino_environment(build=build)
     models = build_tiny_models()
     converted = convert_tiny_models(environment, models, build=build)
