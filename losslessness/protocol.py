@@ -333,6 +333,27 @@ class EndToEndGenerator(Protocol):
 
 
 @runtime_checkable
+class GeneratesBatches(Protocol):
+    """An :class:`EndToEndGenerator` that serves many requests at once, as a serving engine
+    batches them (vLLM's ``LLM.generate`` on a list of prompts).
+
+    Attributes:
+        batch_size: the most seeds one call takes (>= 1).
+
+    ``generate_batch(prompt_ids, max_new_tokens, seeds)`` returns one value per seed, in the
+    seeds' order, each what ``generate(prompt_ids, max_new_tokens, seed)`` returns: the same
+    law, and for an engine that promises reproducible seeds the same tokens, whatever else is
+    in the batch (the seed contract replays a few seeds in a batch of another size).
+    """
+
+    batch_size: int
+
+    def generate_batch(
+        self, prompt_ids: list[int], max_new_tokens: int, seeds: list[int]
+    ) -> list[list[int]]: ...
+
+
+@runtime_checkable
 class ReportsAcceptedLengths(Protocol):
     """An :class:`EndToEndGenerator` that counts its verify steps by accepted draft length.
 

@@ -70,6 +70,7 @@ from losslessness.adapters import (
 from losslessness.adapters.e2e.process import die_with_parent
 from losslessness.config import DEFAULT_TIMEOUT_S
 from losslessness.protocol import (
+    GeneratesBatches,
     InvalidInputError,
     ReportsAcceptedLengths,
     ReportsDraftCounts,
@@ -310,6 +311,10 @@ def _describe(adapter: Adapter) -> dict[str, Any]:
                         "reports_accepted": isinstance(generator, ReportsAcceptedLengths),
                         "reports_draft_counts": isinstance(generator, ReportsDraftCounts),
                         "reports_law_agreement": isinstance(generator, ReportsLawAgreement),
+                        "batch_size": (
+                            generator.batch_size
+                            if isinstance(generator, GeneratesBatches) else None
+                        ),
                     }
                 )
         else:
@@ -849,6 +854,8 @@ class RemoteGenerator:
         accepted_length_counts: ``accepted_length_counts()`` in the worker, if reported.
         draft_counts: ``draft_counts()`` in the worker, if reported.
         law_agreement: ``law_agreement()`` in the worker, if reported.
+        batch_size, generate_batch: the engine's batches
+            (:class:`~losslessness.protocol.GeneratesBatches`), if it batches.
     """
 
     def __init__(
@@ -859,8 +866,14 @@ class RemoteGenerator:
         reports_accepted: bool = False,
         reports_draft_counts: bool = False,
         reports_law_agreement: bool = False,
+        batch_size: Any = None,
     ) -> None:
         self.vocab_size = vocab_size
+        if batch_size is not None:
+            self.batch_size = batch_size
+            self.generate_batch = RemoteCallable(
+                worker, ("end_to_end", index, "generate_batch"), "generate_batch", None
+            )
         self.generate = RemoteCallable(worker, ("end_to_end", index, "generate"), "generate", None)
         self.next_token_probs = RemoteCallable(
             worker, ("end_to_end", index, "next_token_probs"), "next_token_probs", None
@@ -878,7 +891,7 @@ def _remote_generator(worker: TargetWorker, index: int, engine: dict[str, Any]) 
     return RemoteGenerator(
         worker, index, int(engine["vocab_size"]), bool(engine["reports_accepted"]),
         bool(engine.get("reports_draft_counts", False)),
-        bool(engine.get("reports_law_agreement", False)),
+        bool(engine.get("reports_law_agreement", False)), engine.get("batch_size"),
     )
 
 

@@ -25,8 +25,10 @@ from losslessness.checks.sequence_law import sequence_seed
 from losslessness.protocol import (
     ChainVerifier,
     EndToEndGenerator,
+    GeneratesBatches,
     GreedyTreeVerifier,
     GreedyVerifier,
+    InvalidInputError,
     TreeVerifier,
     tree_depths,
 )
@@ -668,6 +670,12 @@ SEQUENCE_PROGRESS_EVERY = 64
 """Sequences generated between two progress reports of :func:`generate_sequences`."""
 
 
+def _describe(value: object) -> str:
+    if isinstance(value, list | tuple):
+        return f"a {type(value).__name__} of {len(value)}"
+    return type(value).__name__
+
+
 def generate_sequences(
     generator: EndToEndGenerator,
     prompt_ids: Sequence[int],
@@ -678,31 +686,69 @@ def generate_sequences(
     timeout_s: float | None = None,
 ) -> tuple[list[object], float]:
     """``generate(prompt, L, sequence_seed(seed, j))`` for ``j < n``: an end-to-end engine's
-    sequences (docs/architecture.md, 'Protocols', end-to-end generators).
+    sequences (docs/architecture.md, 'Protocols', end-to-end generators); see
+    :func:`generate_for_seeds`."""
+    seeds = [sequence_seed(seed, index) for index in range(n)]
+    return generate_for_seeds(generator, prompt_ids, new_tokens, seeds, progress, timeout_s)
+
+
+def generate_for_seeds(
+    generator: EndToEndGenerator,
+    prompt_ids: Sequence[int],
+    new_tokens: int,
+    seeds: Sequence[int],
+    progress: Callable[[int], None] | None = None,
+    timeout_s: float | None = None,
+) -> tuple[list[object], float]:
+    """``generate(prompt, L, s)`` for each seed ``s``, in order. An engine that batches
+    (:class:`~losslessness.protocol.GeneratesBatches`) gets the seeds in batches of its
+    ``batch_size``, ``timeout_s`` applying to each batch.
 
     Returns:
-        (the ``n`` returned values, unchecked; seconds spent inside ``generate``).
+        (one returned value per seed, unchecked; seconds spent inside ``generate``).
 
     Raises:
         TargetTimeout: one call took longer than ``timeout_s``.
+        InvalidInputError: naming ``generate_batch`` when a batch's answer is not a list of
+            one value per seed, or ``batch_size`` when it is not an int >= 1.
         Exception: whatever the generator raised, unchanged.
     """
+    seeds = [int(value) for value in seeds]
+    n = len(seeds)
+    size = 1
+    if isinstance(generator, GeneratesBatches):
+        size = generator.batch_size
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise InvalidInputError("batch_size", f"expected an int >= 1, got {size!r}")
     sequences: list[object] = []
     inside = 0.0
-    for index in range(n):
+    reported = 0
+    for start in range(0, n, size):
+        chunk = seeds[start:start + size]
         began = time.perf_counter()
-        sequences.append(
-            call_target(
-                generator.generate,
-                list(prompt_ids),
-                new_tokens,
-                sequence_seed(seed, index),
+        if isinstance(generator, GeneratesBatches):
+            values = call_target(
+                generator.generate_batch, list(prompt_ids), new_tokens, chunk,
                 timeout_s=timeout_s,
             )
-        )
+            if not isinstance(values, list | tuple) or len(values) != len(chunk):
+                raise InvalidInputError(
+                    "generate_batch", f"expected a list of {len(chunk)} sequences (one per "
+                    f"seed), got {_describe(values)}"
+                )
+            sequences.extend(values)
+        else:
+            sequences.append(
+                call_target(
+                    generator.generate, list(prompt_ids), new_tokens, chunk[0],
+                    timeout_s=timeout_s,
+                )
+            )
         inside += time.perf_counter() - began
-        if progress is not None and (index + 1) % SEQUENCE_PROGRESS_EVERY == 0:
-            progress(SEQUENCE_PROGRESS_EVERY)
-    if progress is not None and n % SEQUENCE_PROGRESS_EVERY:
-        progress(n % SEQUENCE_PROGRESS_EVERY)
+        if progress is not None:
+            while len(sequences) - reported >= SEQUENCE_PROGRESS_EVERY:
+                progress(SEQUENCE_PROGRESS_EVERY)
+                reported += SEQUENCE_PROGRESS_EVERY
+    if progress is not None and n > reported:
+        progress(n - reported)
     return sequences, inside

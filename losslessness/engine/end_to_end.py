@@ -27,7 +27,7 @@ from losslessness.checks.sequence_law import (
     sequence_seed,
 )
 from losslessness.config import RunConfig
-from losslessness.engine.draw import generate_sequences
+from losslessness.engine.draw import generate_for_seeds, generate_sequences
 from losslessness.protocol import (
     EndToEndGenerator,
     InvalidInputError,
@@ -42,7 +42,9 @@ from losslessness.seeding import derive_seed
 from losslessness.stats import identity_minimum_detectable_tv, plan_identity_test
 
 SEED_REPLAYS = 16
-"""Sequences an engine that promises reproducible seeds generates a second time."""
+"""Sequences an engine that promises reproducible seeds generates a second time, in reverse
+order after the run (a batching engine gets them as one batch of another size, each request at
+another place in it)."""
 
 
 def plan_sequence_law(
@@ -231,10 +233,14 @@ def sample_end_to_end(
     counts_after = draft_count_snapshot(target.generator)
     replayed = None
     if target.reproducible_seeds:
-        replayed, _ = generate_sequences(
-            target.generator, target.prompt_ids, target.new_tokens,
-            min(SEED_REPLAYS, len(sequences)), entry.seed, None, timeout_s,
+        # In reverse order: each replayed request sits elsewhere in its batch, beside others.
+        seeds = [sequence_seed(entry.seed, index)
+                 for index in range(min(SEED_REPLAYS, len(sequences)))]
+        backwards, _ = generate_for_seeds(
+            target.generator, target.prompt_ids, target.new_tokens, seeds[::-1], None,
+            timeout_s,
         )
+        replayed = backwards[::-1]
     agreement = None
     if isinstance(target.generator, ReportsLawAgreement):
         agreement = {k: float(v) for k, v in target.generator.law_agreement().items()}
@@ -277,7 +283,9 @@ def end_to_end_checks(
             for index, (first, again) in enumerate(
                 zip(samples.sequences, samples.replayed, strict=False)
             )
-            for composition, run in (("in the run", first), ("generated again after it", again))
+            for composition, run in (
+                ("in the run", first), ("generated again after it, in reverse order", again)
+            )
         ]
         checks.append(check_seed_contract(observations, context))
     return checks

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from losslessness.adapters.e2e.openvino import DRAFT_LOSSY_REASON
+from losslessness.adapters.e2e.vllm_cpu import SAMPLED_LOSSY_REASON
 
 EXPECTED: dict[str, tuple[str, str]] = {
     "e2e/llama.cpp-synthetic": (
@@ -27,6 +28,10 @@ EXPECTED: dict[str, tuple[str, str]] = {
         "(server_sample_and_accept_synth, tools/server/server-context.cpp)",
     ),
     "e2e/openvino-draft": ("LOSSY", f"finding: {DRAFT_LOSSY_REASON}"),
+    **{
+        f"e2e/vllm-{drafter}": ("LOSSY", f"finding: {SAMPLED_LOSSY_REASON}")
+        for drafter in ("draft", "draft-probabilistic", "ngram", "eagle")
+    },
 }
 """Targets expected LOSSY, with why. Every other engine target is expected LOSSLESS."""
 

@@ -16,11 +16,14 @@ import torch
 
 from losslessness.adapters import AdapterUnavailable
 from losslessness.adapters.e2e.engine import LAW_TOLERANCE, Sampling
-from losslessness.adapters.e2e.models import TinyModels, transformers_next_token_probs
+from losslessness.adapters.e2e.models import (
+    TinyModels,
+    continued_prompt_ids,
+    transformers_next_token_probs,
+)
 from losslessness.adapters.e2e.onnxruntime_genai import (
     ORTGENAI_CASES,
     OrtGenAIClient,
-    ngram_prompt_ids,
     ortgenai_client,
 )
 from losslessness.adapters.e2e.process import EngineProcessError
@@ -138,7 +141,7 @@ def test_a_seed_reproduces_its_request_and_both_drafters_draft(
     both sampled settings; over the requests the engine's own counters show drafts proposed
     and accepted (0 < accepted <= drafted)."""
     for (client, _), prompt_ids in ((draft, draft[1].prompt_ids),
-                                    (ngram, ngram_prompt_ids(ngram[1]))):
+                                    (ngram, continued_prompt_ids(ngram[1]))):
         prompt = list(prompt_ids(ORTGENAI_CASES[1].prompt))
         drafted = accepted = 0
         for sampling in (Sampling(), FILTERED):
@@ -156,7 +159,7 @@ def test_greedy_with_speculation_equals_greedy_decoding_of_the_engines_law(
     """Greedy requests with the draft model or n-grams on: plain greedy decoding of the
     engine's own law, whatever the seed."""
     for (client, _), prompt_ids in ((draft, draft[1].prompt_ids),
-                                    (ngram, ngram_prompt_ids(ngram[1]))):
+                                    (ngram, continued_prompt_ids(ngram[1]))):
         prompt = list(prompt_ids(ORTGENAI_CASES[3].prompt))
         expected = greedy_decode(
             lambda prefix, client=client: torch.tensor(

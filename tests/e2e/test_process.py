@@ -20,6 +20,7 @@ from losslessness.adapters.e2e.process import EngineProcessError, ServerProcess
 from tests.e2e.processes import gone
 
 FAKE = str(Path(__file__).with_name("fake_server.py"))
+FAKE_SHIM = str(Path(__file__).with_name("fake_shim.py"))
 
 
 def server(mode: str, **options: float) -> ServerProcess:
@@ -107,6 +108,34 @@ def test_no_server_outlives_a_process_killed_outright() -> None:
         parent.send_signal(signal.SIGKILL)
         parent.wait(timeout=10)
         assert gone(pid)
+    finally:
+        parent.kill()
+        parent.wait()
+
+
+def test_a_shims_engine_processes_do_not_outlive_the_process_that_started_the_shim() -> None:
+    """SIGKILL the process that started a shim whose engine spawned processes of its own (as
+    vLLM's LLM does): the shim gets SIGTERM from the kernel (``death_signal``) and SIGKILLs its
+    whole process group, so the engine process goes too, not only the shim."""
+    script = textwrap.dedent(f"""
+        import signal, sys, time
+        sys.path.insert(0, {str(Path(__file__).parents[2])!r})
+        from losslessness.adapters.e2e.process import ServerProcess
+        shim = ServerProcess("fake shim", [sys.executable, {FAKE_SHIM!r}, "{{port}}"],
+                             death_signal=signal.SIGTERM)
+        shim.start()
+        pids = shim.request_json("/pids", {{}})
+        print(pids["shim"], pids["engine"], flush=True)
+        time.sleep(600)
+    """)
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout is not None
+        shim, engine = map(int, parent.stdout.readline().split())
+        os.kill(engine, 0)
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(timeout=10)
+        assert gone(shim) and gone(engine)
     finally:
         parent.kill()
         parent.wait()

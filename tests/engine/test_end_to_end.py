@@ -19,15 +19,22 @@ from losslessness.adapters.reference import adapter as reference_adapter
 from losslessness.adapters.toy import MUTANT_TEMPERATURE, adapter, mutant_adapter, toy_models
 from losslessness.batteries import default_chain_battery, default_tree_battery
 from losslessness.checks import count_statistical_assertions
+from losslessness.checks.sequence_law import sequence_seed
 from losslessness.checks.tree_assertions import tree_assertions
 from losslessness.cli import main
 from losslessness.config import AuditConfig
 from losslessness.engine import plan_run, run_audit
-from losslessness.engine.draw import rows_per_call
+from losslessness.engine.draw import generate_sequences, rows_per_call
+from losslessness.protocol import GeneratesBatches
 from losslessness.reference.decoding import SpeculativeDecoder
 from losslessness.reference.proposers import DraftModelProposer, Proposal, one_hot_rows
 from losslessness.reference.toy import MarkovLM
 from losslessness.results import TargetVerdict, Verdict
+from losslessness.targets import resolve_adapter
+from losslessness.worker import shutdown_workers
+from tests.engine.batching_engines import NEW_TOKENS, PROMPT, BatchingToy, batching_adapter
+
+SEED = 20261127
 
 MUTANT_DESIGN = AuditConfig(tv=0.1)
 """Mutants are audited at design TV 0.1 (power 0.9, family-wise 1e-3): a quarter of the
@@ -231,3 +238,60 @@ def test_an_engine_promising_reproducible_seeds_is_replayed_and_irreproducible_i
     assert checks["sequence-law"].verdict is Verdict.PASS
     expected = TargetVerdict.LOSSLESS if honest else TargetVerdict.IRREPRODUCIBLE
     assert result.targets[0].verdict is expected
+
+
+def test_a_batching_engine_gets_its_seeds_in_batches_and_gives_the_unbatched_sequences() -> None:
+    """GeneratesBatches: the seeds go out in batches of the engine's ``batch_size`` (the last
+    one shorter), the sequences are those of one-by-one ``generate`` for the same seeds, and an
+    honest batching engine is LOSSLESS with the seed contract held (the replays come as one
+    batch of 16 in reverse order)."""
+    engine = BatchingToy(batch_size=64)
+    sequences, _ = generate_sequences(engine, PROMPT, NEW_TOKENS, 150, SEED)
+    assert engine.batches == [64, 64, 22]
+    one_by_one = [engine.generate(list(PROMPT), NEW_TOKENS, sequence_seed(SEED, j))
+                  for j in range(150)]
+    assert sequences == one_by_one
+    engine.batches.clear()
+    result = run_audit([batching_adapter(engine)], AuditConfig(tv=0.2))
+    checks = {c.check_id: c for c in result.targets[0].checks}
+    assert result.targets[0].verdict is TargetVerdict.LOSSLESS, result.targets[0].checks
+    assert checks["seed.contract"].verdict is Verdict.PASS and checks["seed.contract"].n == 16
+    assert max(engine.batches) == 64 and 16 in engine.batches
+
+
+@pytest.mark.parametrize(("fault", "verdict"), [("drops", TargetVerdict.ERROR),
+                                                ("position", TargetVerdict.IRREPRODUCIBLE)])
+def test_a_batching_engine_that_loses_a_sequence_or_its_seeds_place_is_reported(
+    fault: str, verdict: TargetVerdict
+) -> None:
+    """A batch answered with one sequence too few is an ERROR naming ``generate_batch``; a
+    request whose stream depends on its place in the batch keeps the law (sequence-law PASS)
+    but breaks the seed contract: IRREPRODUCIBLE, not LOSSY."""
+    result = run_audit([batching_adapter(BatchingToy(batch_size=64, fault=fault))],
+                       AuditConfig(tv=0.2))
+    target = result.targets[0]
+    assert target.verdict is verdict, target.checks
+    if fault == "drops":
+        assert any("generate_batch: expected a list of 64" in c.message for c in target.checks)
+    else:
+        checks = {c.check_id: c for c in target.checks}
+        assert checks["sequence-law"].verdict is Verdict.PASS
+        assert checks["seed.contract"].verdict is Verdict.IRREPRODUCIBLE
+
+
+def test_a_batching_engine_in_a_worker_process_is_batched_there_too() -> None:
+    """A batching engine resolved by name runs in a worker process; its proxy batches as the
+    engine does and the audit's sequences are the in-process ones (same statistic)."""
+    isolated = resolve_adapter("tests.engine.batching_engines:batching_adapter",
+                               in_process=False)
+    try:
+        generator = isolated.end_to_end[0].generator
+        assert isinstance(generator, GeneratesBatches) and generator.batch_size == 64
+        config = AuditConfig(tv=0.2)
+        remote = run_audit([isolated], config).targets[0]
+        local = run_audit([batching_adapter()], config).targets[0]
+    finally:
+        shutdown_workers()
+    statistic = {c.check_id: c.statistic for c in local.checks}
+    assert remote.verdict is TargetVerdict.LOSSLESS
+    assert {c.check_id: c.statistic for c in remote.checks} == statistic

@@ -26,6 +26,8 @@ from losslessness.protocol import InvalidInputError, validate_probability_rows
 __all__ = [
     "DEFAULT_CASES",
     "LAW_TOLERANCE",
+    "BatchEngineClient",
+    "BatchEngineGenerator",
     "EngineCase",
     "EngineClient",
     "EngineGenerator",
@@ -105,6 +107,21 @@ class EngineClient(Protocol):
     def next_token_law(self, prefix_ids: list[int], sampling: Sampling) -> list[float]: ...
 
     def close(self) -> None: ...
+
+
+class BatchEngineClient(EngineClient, Protocol):
+    """An :class:`EngineClient` that serves many requests at once (vLLM's ``LLM.generate``).
+
+    ``generate_batch`` returns ``(one list of max_new_tokens ids per seed, drafted,
+    accepted)``, the counters summed over the batch; ``batch_size`` is the most seeds one call
+    takes.
+    """
+
+    batch_size: int
+
+    def generate_batch(
+        self, prompt_ids: list[int], max_new_tokens: int, seeds: list[int], sampling: Sampling
+    ) -> tuple[list[list[int]], int, int]: ...
 
 
 @dataclass
@@ -187,6 +204,42 @@ class EngineGenerator:
         return {"drafted": self.drafted, "accepted": self.accepted}
 
 
+@dataclass
+class BatchEngineGenerator(EngineGenerator):
+    """An :class:`EngineGenerator` whose engine batches requests: also the
+    :class:`~losslessness.protocol.GeneratesBatches` protocol.
+
+    Args:
+        client: the engine (a :class:`BatchEngineClient`).
+    """
+
+    client: BatchEngineClient
+    batch_size: int = 1
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.batch_size = self.client.batch_size
+
+    def generate_batch(
+        self, prompt_ids: list[int], max_new_tokens: int, seeds: list[int]
+    ) -> list[list[int]]:
+        """One batch of requests with speculation on, request ``j`` seeded with
+        ``seeds[j] % 2**32`` (as :meth:`EngineGenerator.generate`).
+
+        Raises:
+            InvalidInputError: naming ``seeds`` when one is negative.
+            Exception: whatever the client raised (a failed engine: an ERROR for the case).
+        """
+        if any(seed < 0 for seed in seeds):
+            raise InvalidInputError("seeds", f"expected ints >= 0, got {seeds!r:.200}")
+        sequences, drafted, accepted = self.client.generate_batch(
+            list(prompt_ids), max_new_tokens, [seed % 2**32 for seed in seeds], self.sampling
+        )
+        self.drafted += drafted
+        self.accepted += accepted
+        return sequences
+
+
 @dataclass(frozen=True)
 class EngineCase:
     """One end-to-end case of an engine target.
@@ -248,8 +301,11 @@ def engine_adapter(
     targets = []
     for index, case in enumerate(cases):
         unfiltered = case.sampling == Sampling()
-        generator = EngineGenerator(
-            client, case.sampling, reference_law if unfiltered else None
+        reference = reference_law if unfiltered else None
+        generator = (
+            BatchEngineGenerator(client, case.sampling, reference)  # type: ignore[arg-type]
+            if hasattr(client, "generate_batch")
+            else EngineGenerator(client, case.sampling, reference)
         )
         targets.append(
             EndToEndTarget(

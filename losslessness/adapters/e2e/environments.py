@@ -13,6 +13,7 @@ import fcntl
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -22,7 +23,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from losslessness.adapters.base import AdapterUnavailable
 from losslessness.adapters.e2e.engine import Sampling
+from losslessness.adapters.e2e.models import BUILD_VARIABLE
 from losslessness.adapters.e2e.process import EngineProcessError, ServerProcess
 
 __all__ = [
@@ -36,6 +39,7 @@ __all__ = [
     "locked",
     "run_logged",
     "size_bytes",
+    "unavailable",
 ]
 
 CONSTRAINTS_VARIABLE = "LOSSLESSNESS_CONSTRAINTS"
@@ -90,6 +94,16 @@ def clean_environment() -> dict[str, str]:
         TRANSFORMERS_OFFLINE="1", HF_HUB_DISABLE_TELEMETRY="1",
     )
     return environment
+
+
+def unavailable(what: str, build_command: str, cost: str, directory: Path) -> AdapterUnavailable:
+    """The error of an engine target whose environment or models are not built: ``what`` is
+    missing, ``build_command`` builds it (``cost``: its time and size) into ``directory``, or
+    ``LOSSLESSNESS_E2E_BUILD=1`` builds it on first use."""
+    return AdapterUnavailable(
+        f"{what}: run `{build_command}` ({cost}, cached under {directory}), or set "
+        f"{BUILD_VARIABLE}=1 to build it on first use"
+    )
 
 
 def run_logged(command: list[str], log: Path, what: str, cwd: Path | None = None) -> str:
@@ -249,6 +263,7 @@ class ShimClient:
         description: what is audited (engine, versions, drafter, settings).
         vocab_size: V.
         startup_timeout_s, request_timeout_s: as :class:`ServerProcess`'s.
+        environment: variables for the server beyond :data:`SERVER_ENVIRONMENT`.
     """
 
     def __init__(
@@ -259,12 +274,15 @@ class ShimClient:
         vocab_size: int,
         startup_timeout_s: float,
         request_timeout_s: float,
+        environment: dict[str, str] | None = None,
     ) -> None:
         self.vocab_size = vocab_size
         self.description = description
         self.server = ServerProcess(
             name, command, startup_timeout_s=startup_timeout_s,
-            request_timeout_s=request_timeout_s, environment=SERVER_ENVIRONMENT,
+            request_timeout_s=request_timeout_s,
+            environment={**SERVER_ENVIRONMENT, **(environment or {})},
+            death_signal=signal.SIGTERM,
         )
 
     def health(self) -> dict[str, Any]:

@@ -46,7 +46,7 @@ token for token: 160 plain sampled requests, 500 draft-model requests and 300 n-
 :data:`~losslessness.adapters.e2e.engine.DEFAULT_CASES` with the filtered case's min-p
 removed (temperature 0.8, top-k 20, top-p 0.9). n-gram speculation only drafts when the last
 ``N - 1`` tokens occurred before, so its prompts are followed by the target's own greedy
-continuation (:func:`ngram_prompt_ids`).
+continuation (:func:`~losslessness.adapters.e2e.models.continued_prompt_ids`).
 
 The engine runs in a server of ours (:mod:`losslessness.adapters.e2e.shims.ortgenai_server`)
 under the venv's Python, reached through :class:`OrtGenAIClient`; the adapters build nothing
@@ -83,13 +83,13 @@ from losslessness.adapters.e2e.environments import (
     locked,
     run_logged,
     size_bytes,
+    unavailable,
 )
 from losslessness.adapters.e2e.models import (
-    BUILD_VARIABLE,
     TinyModels,
     build_tiny_models,
     cache_root,
-    greedy_continuation,
+    continued_prompt_ids,
     may_build,
     transformers_next_token_probs,
 )
@@ -105,7 +105,6 @@ __all__ = [
     "draft_adapter",
     "ensure_ortgenai_environment",
     "ngram_adapter",
-    "ngram_prompt_ids",
     "ortgenai_client",
 ]
 
@@ -139,9 +138,6 @@ NGRAM_SIZE = 2
 """n-gram speculation's N: proposals follow the most recent earlier occurrence of the last
 ``N - 1`` tokens (``NGramLookup``). N = 2 drafts on about a third of the steps of the n-gram
 prompts, N = 3 on about a quarter (60 requests of 4 tokens, measured on the recipe-2 models)."""
-
-NGRAM_CONTINUATION = 20
-"""Tokens of the target's own greedy continuation appended to each n-gram prompt."""
 
 SHIM = Path(__file__).with_name("shims") / "ortgenai_server.py"
 """The server script, run by the environment's Python."""
@@ -190,10 +186,7 @@ def environment_directory() -> Path:
 
 
 def _unavailable(what: str) -> AdapterUnavailable:
-    return AdapterUnavailable(
-        f"{what}: run `{BUILD_COMMAND}` (about 2 minutes and 1.3 GB, cached under "
-        f"{environment_directory()}), or set {BUILD_VARIABLE}=1 to build it on first use"
-    )
+    return unavailable(what, BUILD_COMMAND, "about 2 minutes and 1.3 GB", environment_directory())
 
 
 _VERSIONS_SCRIPT = """
@@ -413,39 +406,6 @@ def ortgenai_client(mode: str) -> tuple[OrtGenAIClient, TinyModels]:
     return OrtGenAIClient(mode, environment, converted, models.vocab_size), models
 
 
-def ngram_prompt_ids(
-    models: TinyModels, continuation: int = NGRAM_CONTINUATION
-) -> Callable[[str], list[int]]:
-    """The n-gram cases' tokenizer: a prompt's ids followed by the target's own greedy
-    continuation of ``continuation`` tokens
-    (:func:`~losslessness.adapters.e2e.models.greedy_continuation`).
-
-    Why: n-gram speculation proposes the tokens that followed the most recent earlier
-    occurrence of the last ``N - 1`` tokens, so it drafts only when the generated tokens
-    already occur in the context; on the default prompts it almost never does (1 draft in 120
-    requests of 4 tokens). The target's greedy chain revisits tokens and short cycles, so after
-    it the target's next tokens often occur earlier in the context: with N = 2 and K = 3, 30
-    sampled requests of 4 tokens on each prompt proposed 31 and 82 drafts and accepted 13 and
-    32, and greedy requests draft too. The ids are passed as they are (no decoding to text and
-    back, which need not give the same ids).
-
-    Returns:
-        ``text -> ids`` (``<s>``, the prompt's ids, the continuation).
-
-    Raises:
-        AdapterUnavailable: transformers or sentencepiece is not installed.
-    """
-    cache: dict[str, list[int]] = {}
-
-    def prompt_ids(text: str) -> list[int]:
-        if text not in cache:
-            ids = list(models.prompt_ids(text))
-            cache[text] = ids + greedy_continuation(models.target, ids, continuation)
-        return list(cache[text])
-
-    return prompt_ids
-
-
 def _reference(models: TinyModels) -> Callable[[list[int]], torch.Tensor]:
     return partial(transformers_next_token_probs, models.target)
 
@@ -468,15 +428,15 @@ def draft_adapter() -> Adapter:
 def ngram_adapter() -> Adapter:
     """``e2e/onnxruntime-genai-ngram``: ONNX Runtime GenAI's n-gram speculation (N =
     :data:`NGRAM_SIZE`, K = :data:`MAX_DRAFT_TOKENS`), on :data:`ORTGENAI_CASES` with the
-    prompts of :func:`ngram_prompt_ids`, its law cross-checked with transformers'; expected
-    LOSSLESS (sample-and-match).
+    prompts of :func:`~losslessness.adapters.e2e.models.continued_prompt_ids`, its law
+    cross-checked with transformers'; expected LOSSLESS (sample-and-match).
 
     Raises:
         AdapterUnavailable: as :func:`ortgenai_client`.
     """
     client, models = ortgenai_client("ngram")
     return engine_adapter(
-        "e2e/onnxruntime-genai-ngram", client, ngram_prompt_ids(models), ORTGENAI_CASES,
+        "e2e/onnxruntime-genai-ngram", client, continued_prompt_ids(models), ORTGENAI_CASES,
         reference_law=_reference(models),
     )
 

@@ -61,9 +61,9 @@ from losslessness.adapters.e2e.environments import (
     locked,
     run_logged,
     size_bytes,
+    unavailable,
 )
 from losslessness.adapters.e2e.models import (
-    BUILD_VARIABLE,
     TinyModels,
     build_tiny_models,
     cache_root,
@@ -161,10 +161,7 @@ def environment_directory() -> Path:
 
 
 def _unavailable(what: str) -> AdapterUnavailable:
-    return AdapterUnavailable(
-        f"{what}: run `{BUILD_COMMAND}` (about 2 minutes and 1.6 GB, cached under "
-        f"{environment_directory()}), or set {BUILD_VARIABLE}=1 to build it on first use"
-    )
+    return unavailable(what, BUILD_COMMAND, "about 2 minutes and 1.6 GB", environment_directory())
 
 
 _VERSIONS_SCRIPT = """

@@ -21,6 +21,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
+import functools
 import http.client
 import json
 import os
@@ -61,14 +62,14 @@ def free_loopback_port() -> int:
         return port
 
 
-def die_with_parent() -> None:
-    """Ask Linux to SIGKILL the calling process when the thread that forked it ends (its
-    parent's death, for a process forked from a thread that lives as long as its process).
-    Elsewhere a no-op: audit workers then end at their closed socket, servers at
-    :meth:`ServerProcess.stop` and interpreter exit."""
+def die_with_parent(death_signal: int = signal.SIGKILL) -> None:
+    """Ask Linux to send the calling process ``death_signal`` (SIGKILL by default) when the
+    thread that forked it ends (its parent's death, for a process forked from a thread that
+    lives as long as its process). Elsewhere a no-op: audit workers then end at their closed
+    socket, servers at :meth:`ServerProcess.stop` and interpreter exit."""
     if sys.platform.startswith("linux"):
         with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(death_signal))
 
 
 class _Launcher:
@@ -126,6 +127,10 @@ class ServerProcess:
         request_timeout_s: seconds one request may take.
         environment: variables added to the server's environment.
         log_path: where its stdout and stderr go (default: a temporary file, kept for errors).
+        death_signal: what the server gets when the process that started it dies: SIGKILL; a
+            server that stops its own process group on SIGTERM (the shims:
+            :func:`~losslessness.adapters.e2e.shims.json_server.serve`) gets SIGTERM, so that
+            the processes it spawned (vLLM's engine cores and workers) go with it.
 
     Raises:
         ValueError: an empty command, or a timeout that is not positive.
@@ -140,6 +145,7 @@ class ServerProcess:
         request_timeout_s: float = 60.0,
         environment: dict[str, str] | None = None,
         log_path: Path | None = None,
+        death_signal: int = signal.SIGKILL,
     ) -> None:
         if not command:
             raise ValueError("command: must not be empty")
@@ -155,6 +161,7 @@ class ServerProcess:
         self.request_timeout_s = request_timeout_s
         self.environment = dict(environment or {})
         self.log_path = log_path
+        self.death_signal = death_signal
         self.port: int | None = None
         self.starts = 0
         self._process: subprocess.Popen[bytes] | None = None
@@ -220,7 +227,8 @@ class ServerProcess:
         def launch() -> subprocess.Popen[bytes]:
             return subprocess.Popen(
                 command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                env=environment, start_new_session=True, preexec_fn=die_with_parent,
+                env=environment, start_new_session=True,
+                preexec_fn=functools.partial(die_with_parent, self.death_signal),
             )
 
         try:

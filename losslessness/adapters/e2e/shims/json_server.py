@@ -11,6 +11,8 @@ server's log): the server keeps serving, and the audit records that request's ca
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
 import sys
 import time
@@ -85,6 +87,12 @@ def handler(
     return Handler
 
 
+def _end_group(signum: int, frame: Any) -> None:
+    if os.getpgrp() == os.getpid():
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+    sys.exit(128 + signum)
+
+
 def serve(
     port: int,
     routes: dict[str, Route],
@@ -92,8 +100,16 @@ def serve(
     description: str,
     began: float,
 ) -> None:
-    """Serve on 127.0.0.1:``port`` until terminated (SIGTERM ends the process), after printing
-    ``description`` and the seconds since ``began`` (``time.perf_counter()``)."""
+    """Serve on 127.0.0.1:``port`` until terminated, after printing ``description`` and the
+    seconds since ``began`` (``time.perf_counter()``).
+
+    SIGTERM (from :meth:`ServerProcess.stop`, or from Linux when the process that started the
+    server dies: ``ServerProcess(death_signal=SIGTERM)``) SIGKILLs the server's whole process
+    group when it leads one, as ``ServerProcess`` starts it: the engine processes the shim
+    spawned (vLLM's engine core and workers, whose parent-death watch does not stop them) end
+    with it.
+    """
+    signal.signal(signal.SIGTERM, _end_group)
     server = ThreadingHTTPServer(("127.0.0.1", port), handler(routes, health))
     server.daemon_threads = True
     print(f"{description}: serving on 127.0.0.1:{port} after "
