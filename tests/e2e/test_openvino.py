@@ -27,6 +27,7 @@ from losslessness.adapters import AdapterUnavailable
 from losslessness.adapters.e2e import openvino
 from losslessness.adapters.e2e.engine import LAW_TOLERANCE, PROMPTS, Sampling
 from losslessness.adapters.e2e.models import (
+    BUILD_VARIABLE,
     TinyModels,
     build_tiny_models,
     transformers_next_token_probs,
@@ -49,7 +50,7 @@ def test_without_the_environment_the_adapters_are_unavailable_and_build_nothing(
     """An empty cache and no LOSSLESSNESS_E2E_BUILD: unavailable, naming the build command,
     and nothing is created."""
     monkeypatch.setenv("LOSSLESSNESS_E2E_CACHE", str(tmp_path))
-    monkeypatch.delenv(openvino.BUILD_VARIABLE, raising=False)
+    monkeypatch.delenv(BUILD_VARIABLE, raising=False)
     for make in (openvino.draft_adapter, openvino.lookup_adapter):
         with pytest.raises(AdapterUnavailable, match=re.escape(openvino.BUILD_COMMAND)):
             make()

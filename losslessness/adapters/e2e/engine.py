@@ -280,7 +280,7 @@ def engine_adapter(
     prompt_ids: Callable[[str], Sequence[int]],
     cases: Sequence[EngineCase] = DEFAULT_CASES,
     reference_law: Callable[[list[int]], torch.Tensor] | None = None,
-    predicted_acceptance: float | None = None,
+    predicted_acceptance: Callable[[EngineCase], float | None] | float | None = None,
     expected_verdict: str | None = None,
     expected_reason: str | None = None,
 ) -> Adapter:
@@ -292,7 +292,10 @@ def engine_adapter(
         prompt_ids: the tokenizer (text -> ids).
         cases: the end-to-end cases.
         reference_law: transformers' law of the target (cross-checked at temperature 1).
-        predicted_acceptance: the share of drafts the models predict accepted, if known.
+        predicted_acceptance: the share of drafted tokens the models predict accepted: one
+            value for every case, or ``case -> share`` called once per case as the adapter is
+            built (:func:`~losslessness.adapters.e2e.acceptance.case_predictor`); None (or a
+            case's None): no prediction.
         expected_verdict, expected_reason: for an engine lossy by design.
 
     Returns:
@@ -300,6 +303,10 @@ def engine_adapter(
     """
     targets = []
     for index, case in enumerate(cases):
+        predicted = (
+            predicted_acceptance(case) if callable(predicted_acceptance)
+            else predicted_acceptance
+        )
         unfiltered = case.sampling == Sampling()
         reference = reference_law if unfiltered else None
         generator = (
@@ -318,7 +325,7 @@ def engine_adapter(
                 greedy=case.sampling.greedy,
                 min_sequence_mass=MIN_SEQUENCE_MASS,
                 requires_speculation=True,
-                predicted_acceptance=predicted_acceptance,
+                predicted_acceptance=predicted,
                 reproducible_seeds=True,
             )
         )

