@@ -42,13 +42,11 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
-from losslessness.adapters.base import AdapterUnavailable, import_optional
 from losslessness.adapters.e2e.engine import EngineCase, Sampling
-from losslessness.adapters.e2e.models import TinyModels
+from losslessness.adapters.e2e.models import TinyModels, load_model
 from losslessness.reference.decoding import SpeculativeDecoder
 from losslessness.reference.processing import SamplingParameters, apply_sampling_parameters
 from losslessness.reference.profiles import get_profile
@@ -182,21 +180,6 @@ class DraftingScheme:
 # --------------------------------------------------------------------------- the models
 
 
-_MODELS: dict[str, Any] = {}
-
-
-def _load(model_dir: Path) -> Any:
-    key = str(model_dir)
-    if key not in _MODELS:
-        transformers = import_optional("transformers", "transformers")
-        try:
-            model = transformers.LlamaForCausalLM.from_pretrained(key, dtype=torch.float32)
-        except OSError as error:
-            raise AdapterUnavailable(f"cannot load {model_dir}: {error}") from error
-        _MODELS[key] = model.eval()
-    return _MODELS[key]
-
-
 class TransformersLanguageModel:
     """A tiny model saved by :func:`~losslessness.adapters.e2e.models.build_tiny_models`, in
     the reference loop's :class:`~losslessness.reference.proposers.LanguageModel` protocol.
@@ -222,7 +205,7 @@ class TransformersLanguageModel:
             apply_sampling_parameters
         ),
     ) -> None:
-        self.model = _load(model_dir)
+        self.model = load_model(model_dir)
         self.vocab_size = int(self.model.config.vocab_size)
         self.process = process
         self.forward_passes = 0

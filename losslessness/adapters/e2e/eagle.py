@@ -33,7 +33,7 @@ import torch
 
 from losslessness.adapters.base import import_optional
 from losslessness.adapters.e2e.environments import locked
-from losslessness.adapters.e2e.models import SUPPRESSED_TOKENS, TinyModels
+from losslessness.adapters.e2e.models import SUPPRESSED_TOKENS, TinyModels, load_model
 
 __all__ = ["RECIPE", "EagleHead", "build_eagle_head"]
 
@@ -173,10 +173,7 @@ def build_eagle_head(models: TinyModels) -> EagleHead:
     if not info_path.is_file():
         with locked(directory.with_name(directory.name + ".lock")):
             if not info_path.is_file():
-                transformers = import_optional("transformers", "transformers")
-                target = transformers.LlamaForCausalLM.from_pretrained(
-                    str(models.target), dtype=torch.float32
-                ).eval()
+                target = load_model(models.target)
                 began = time.perf_counter()
                 head, quality = _train(target)
                 shutil.rmtree(directory, ignore_errors=True)

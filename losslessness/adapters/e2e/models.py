@@ -45,6 +45,7 @@ __all__ = [
     "cache_root",
     "continued_prompt_ids",
     "greedy_continuation",
+    "load_model",
     "may_build",
     "transformers_next_token_probs",
 ]
@@ -281,7 +282,7 @@ def transformers_next_token_probs(model_dir: Path, prefix_ids: list[int]) -> tor
     Raises:
         AdapterUnavailable: transformers is not installed.
     """
-    model = _loaded(str(model_dir))
+    model = load_model(model_dir)
     with torch.no_grad():
         logits = model(torch.tensor([prefix_ids], dtype=torch.int64)).logits[0, -1]
     return torch.softmax(logits.to(torch.float64), dim=-1)
@@ -337,12 +338,19 @@ def continued_prompt_ids(
 _LOADED: dict[str, Any] = {}
 
 
-def _loaded(model_dir: str) -> Any:
-    if model_dir not in _LOADED:
+def load_model(model_dir: Path) -> Any:
+    """The saved Llama in ``model_dir`` as transformers' ``LlamaForCausalLM`` in float32, eval
+    mode, loaded once per process (shared by every caller: do not train it).
+
+    Raises:
+        AdapterUnavailable: transformers is not installed, or the directory cannot be loaded.
+    """
+    key = str(model_dir)
+    if key not in _LOADED:
         transformers = import_optional("transformers", "transformers")
         try:
-            model = transformers.LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+            model = transformers.LlamaForCausalLM.from_pretrained(key, dtype=torch.float32)
         except OSError as error:
             raise AdapterUnavailable(f"cannot load {model_dir}: {error}") from error
-        _LOADED[model_dir] = model.eval()
-    return _LOADED[model_dir]
+        _LOADED[key] = model.eval()
+    return _LOADED[key]
