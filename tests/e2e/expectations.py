@@ -55,13 +55,13 @@ def rows(record: dict[str, Any]) -> list[list[str]]:
             seeds = checks.get("seed.contract")
             if law is None:
                 continue
-            p_value = law.get("p_value")
+            p_value, tv = law.get("p_value"), law.get("min_detectable_tv")
             table.append([
                 target["name"], case.rsplit("/", 1)[-1],
                 f"{law['check_id']} {law['verdict']}",
-                str(law["n"]),
+                "-" if law.get("n") is None else str(law["n"]),
                 "-" if p_value is None else f"{p_value:.3g}",
-                f"{law['min_detectable_tv']:.3g}",
+                "-" if tv is None else f"{tv:.3g}",
                 "-" if drafts is None else drafts["message"][:60],
                 "-" if seeds is None else f"seeds {seeds['verdict']}",
             ])
