@@ -31,7 +31,7 @@ from losslessness.reference.proposers import DraftModelProposer, Proposal, one_h
 from losslessness.reference.toy import MarkovLM
 from losslessness.results import TargetVerdict, Verdict
 from losslessness.targets import resolve_adapter
-from losslessness.worker import shutdown_workers
+from losslessness.worker import shutdown_workers, worker_of
 from tests.engine.batching_engines import NEW_TOKENS, PROMPT, BatchingToy, batching_adapter
 
 SEED = 20261127
@@ -281,14 +281,20 @@ def test_a_batching_engine_that_loses_a_sequence_or_its_seeds_place_is_reported(
 
 def test_a_batching_engine_in_a_worker_process_is_batched_there_too() -> None:
     """A batching engine resolved by name runs in a worker process; its proxy batches as the
-    engine does and the audit's sequences are the in-process ones (same statistic)."""
+    engine does and the audit's sequences are the in-process ones (same statistic). Once its
+    units are done the run stops its worker (an engine's servers go with it), and a later call
+    starts a fresh one."""
     isolated = resolve_adapter("tests.engine.batching_engines:batching_adapter",
                                in_process=False)
+    worker = worker_of(isolated)
     try:
         generator = isolated.end_to_end[0].generator
         assert isinstance(generator, GeneratesBatches) and generator.batch_size == 64
         config = AuditConfig(tv=0.2)
         remote = run_audit([isolated], config).targets[0]
+        assert worker is not None and worker.pid is None
+        assert len(generator.generate_batch([1], 3, [5, 6])) == 2
+        assert worker.pid is not None
         local = run_audit([batching_adapter()], config).targets[0]
     finally:
         shutdown_workers()
