@@ -72,6 +72,11 @@ class Sampling:
         if self.min_p is not None and not 0 <= self.min_p <= 1:
             raise ValueError(f"min_p: must be in [0, 1] or None, got {self.min_p!r}")
 
+    def to_json(self) -> dict[str, float | int | None]:
+        """The four fields as the shims read them (``temperature`` None: greedy)."""
+        return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p,
+                "min_p": self.min_p}
+
     @property
     def greedy(self) -> bool:
         """Whether this is greedy decoding."""

@@ -306,7 +306,7 @@ class ShimClient:
         answer = self.server.request_json("/generate", {
             "prompt_ids": [int(token) for token in prompt_ids],
             "max_new_tokens": int(max_new_tokens), "seed": int(seed),
-            "sampling": _sampling_json(sampling),
+            "sampling": sampling.to_json(),
         })
         try:
             tokens = [int(token) for token in answer["tokens"]]
@@ -325,7 +325,7 @@ class ShimClient:
         """
         answer = self.server.request_json("/law", {
             "prefix_ids": [int(token) for token in prefix_ids],
-            "sampling": _sampling_json(sampling),
+            "sampling": sampling.to_json(),
         })
         try:
             return [float(value) for value in answer["probs"]]
@@ -338,7 +338,3 @@ class ShimClient:
         """Stop the server (and its process group)."""
         self.server.stop()
 
-
-def _sampling_json(sampling: Sampling) -> dict[str, Any]:
-    return {"temperature": sampling.temperature, "top_k": sampling.top_k,
-            "top_p": sampling.top_p, "min_p": sampling.min_p}

@@ -81,7 +81,6 @@ import time
 from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any
 
 from losslessness.adapters.base import Adapter, AdapterUnavailable
 from losslessness.adapters.e2e.acceptance import DraftingScheme, case_predictor, prediction_lines
@@ -330,7 +329,7 @@ class VllmClient(ShimClient):
         answer = self.server.request_json("/generate_batch", {
             "prompt_ids": [int(token) for token in prompt_ids],
             "max_new_tokens": int(max_new_tokens), "seeds": [int(seed) for seed in seeds],
-            "sampling": _sampling_json(sampling),
+            "sampling": sampling.to_json(),
         })
         try:
             sequences = [[int(token) for token in tokens] for tokens in answer["sequences"]]
@@ -340,10 +339,6 @@ class VllmClient(ShimClient):
                 f"{self.server.name}: /generate_batch answered {answer!r:.300}"
             ) from error
 
-
-def _sampling_json(sampling: Sampling) -> dict[str, Any]:
-    return {"temperature": sampling.temperature, "top_k": sampling.top_k,
-            "top_p": sampling.top_p, "min_p": sampling.min_p}
 
 
 def vllm_client(method: str, draft_sample_method: str = "greedy") -> tuple[VllmClient, TinyModels]:
