@@ -94,6 +94,7 @@ from losslessness.seeding import derive_seed
 from losslessness.stats import ErrorBudget, plan_identity_test
 from losslessness.stats.sequential import SEQUENTIAL_ALPHA_SHARE, AlphaSplit, split_alpha
 from losslessness.targets import UnavailableTarget, resolve_targets
+from losslessness.worker import release_engine
 
 PLAN_VERSION = "5"
 """Version of the plan's description; shards of different versions never merge."""
@@ -823,10 +824,16 @@ def plan_run(
     chain_alpha = split_alpha(alpha, share).fixed
     case_plans = {case.case_id: _chain_case_plan(case, config, chain_alpha) for case in chain}
     tree_plans = {case.case_id: _tree_case_plan(case, config, chain_alpha) for case in tree}
-    e2e_plans = {
-        name: [plan_end_to_end(target, config, alpha) for target in entries]
-        for name, entries in end_to_end.items()
-    }
+    e2e_plans: dict[str, list[EndToEndPlan]] = {}
+    for adapter in adapters:
+        if adapter.name in end_to_end:
+            # Planning asks each engine for its law: one engine at a time holds memory.
+            try:
+                e2e_plans[adapter.name] = [
+                    plan_end_to_end(target, config, alpha) for target in end_to_end[adapter.name]
+                ]
+            finally:
+                release_engine(adapter)
     if not config.suite:
         suite_targets: list[str] = []
     elif config.suite_targets is None:

@@ -22,25 +22,20 @@ from losslessness.engine.state import (
 from losslessness.engine.tables import concatenate_tables
 from losslessness.engine.units import run_unit
 from losslessness.results import run_environment
-from losslessness.worker import worker_of
+from losslessness.worker import release_engine
 
 
 def _release_finished_engines(plan: RunPlan, last: dict[str, int], position: int) -> None:
-    """Stop the worker process of every whole-engine target (end-to-end targets in a worker)
-    whose last unit of this shard lies before ``position``: its servers go with it (they die
-    with the worker), so a night of many engines holds one engine's memory at a time (four
-    vLLM servers held together took 18 of 23 GiB). A later call restarts the worker."""
+    """Release every whole-engine target whose last unit of this shard lies before
+    ``position`` (:func:`~losslessness.worker.release_engine`)."""
     for name, index in list(last.items()):
         if index >= position:
             continue
         del last[name]
         try:
-            adapter = plan.adapter(name)
+            release_engine(plan.adapter(name))
         except KeyError:
             continue
-        worker = worker_of(adapter)
-        if adapter.end_to_end and worker is not None:
-            worker.kill()
 
 
 def run_shard(

@@ -65,6 +65,7 @@ from losslessness.engine.tables import chunk_table
 from losslessness.protocol import GeneratesBatches
 from losslessness.seeding import derive_seed
 from losslessness.targets import UnavailableTarget, resolve_targets
+from losslessness.worker import release_engine
 
 _T = TypeVar("_T")
 
@@ -169,6 +170,8 @@ def measure_throughput(plan: RunPlan, deadline: float | None = None) -> Throughp
                     _measure_adapter(plan, adapter, measured, deadline)
                 except Exception as error:  # a hang: the run reports it on the target's units
                     measured.failures[adapter.name] = f"{type(error).__name__}: {error}"
+                finally:
+                    release_engine(adapter)
     except KeyboardInterrupt as error:
         note(error)
         measured.interrupted = True

@@ -4,6 +4,9 @@ batches, honestly or with one of the faults a batching engine can have."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import torch
 
 from losslessness.adapters import Adapter, EndToEndTarget
@@ -58,3 +61,58 @@ def batching_adapter(engine: BatchingToy | None = None) -> Adapter:
         end_to_end=(EndToEndTarget("batching/t1", "toy in batches", engine, PROMPT, NEW_TOKENS,
                                    reproducible_seeds=True),),
     )
+
+
+ENGINE_DIRECTORY = "LOSSLESSNESS_TEST_ENGINE_DIR"
+"""Where :class:`ExclusiveToy` engines register: the name of an environment variable."""
+
+
+class ExclusiveToy(BatchingToy):
+    """An honest :class:`BatchingToy` that, like a server holding gigabytes, must be the only
+    engine alive: its first call registers this process in the folder named by
+    :data:`ENGINE_DIRECTORY`, and every call raises ``RuntimeError`` while another registered
+    process is still alive (so a run that keeps two engines up at once gets an ERROR)."""
+
+    def _hold(self) -> None:
+        folder = Path(os.environ[ENGINE_DIRECTORY])
+        (folder / str(os.getpid())).touch()
+        others = [int(path.name) for path in folder.iterdir() if path.name != str(os.getpid())]
+        alive = [pid for pid in others if _alive(pid)]
+        if alive:
+            raise RuntimeError(f"engine {os.getpid()} called while engines {alive} are alive")
+
+    def generate_batch(
+        self, prompt_ids: list[int], max_new_tokens: int, seeds: list[int]
+    ) -> list[list[int]]:
+        self._hold()
+        return super().generate_batch(prompt_ids, max_new_tokens, seeds)
+
+    def next_token_probs(self, prefix_ids: list[int]) -> torch.Tensor:
+        self._hold()
+        return super().next_token_probs(prefix_ids)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _exclusive_adapter(name: str) -> Adapter:
+    return Adapter(
+        name, "the toy loop in batches, the only engine alive",
+        end_to_end=(EndToEndTarget(f"{name}/t1", "toy in batches", ExclusiveToy(), PROMPT,
+                                   NEW_TOKENS, reproducible_seeds=True),),
+    )
+
+
+def exclusive_adapter_a() -> Adapter:
+    """One sampled end-to-end case of an :class:`ExclusiveToy`, named ``exclusive-a``."""
+    return _exclusive_adapter("exclusive-a")
+
+
+def exclusive_adapter_b() -> Adapter:
+    """One sampled end-to-end case of an :class:`ExclusiveToy`, named ``exclusive-b``."""
+    return _exclusive_adapter("exclusive-b")

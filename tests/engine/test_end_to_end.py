@@ -32,7 +32,13 @@ from losslessness.reference.toy import MarkovLM
 from losslessness.results import TargetVerdict, Verdict
 from losslessness.targets import resolve_adapter
 from losslessness.worker import shutdown_workers, worker_of
-from tests.engine.batching_engines import NEW_TOKENS, PROMPT, BatchingToy, batching_adapter
+from tests.engine.batching_engines import (
+    ENGINE_DIRECTORY,
+    NEW_TOKENS,
+    PROMPT,
+    BatchingToy,
+    batching_adapter,
+)
 
 SEED = 20261127
 
@@ -301,3 +307,27 @@ def test_a_batching_engine_in_a_worker_process_is_batched_there_too() -> None:
     statistic = {c.check_id: c.statistic for c in local.checks}
     assert remote.verdict is TargetVerdict.LOSSLESS
     assert {c.check_id: c.statistic for c in remote.checks} == statistic
+
+
+@pytest.mark.parametrize("time_budget_s", [None, 600.0], ids=["planned", "time-budget"])
+def test_a_run_of_engines_in_workers_holds_one_engine_at_a_time(
+    time_budget_s: float | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Planning (each engine's law), the time budget's warm-up and the units call every
+    engine in turn; a whole engine in a worker is released after each phase's last call, so
+    no engine is ever called while another is alive (``ExclusiveToy`` raises if one is: the
+    target would be ERROR). Four vLLM servers held together took 18 of 23 GiB."""
+    monkeypatch.setenv(ENGINE_DIRECTORY, str(tmp_path))
+    adapters = [
+        resolve_adapter(f"tests.engine.batching_engines:exclusive_adapter_{name}",
+                        in_process=False)
+        for name in "ab"
+    ]
+    try:
+        result = run_audit(adapters, AuditConfig(tv=0.3, time_budget_s=time_budget_s))
+    finally:
+        shutdown_workers()
+    assert [t.verdict for t in result.targets] == [TargetVerdict.LOSSLESS] * 2, [
+        c.message for t in result.targets for c in t.checks
+    ]
+    assert len(list(tmp_path.iterdir())) >= 4
