@@ -425,7 +425,11 @@ def serve(descriptor: int) -> None:
             message = pickle.loads(connection.recv_bytes())
         except EOFError:
             return
-        _, path, args, kwargs, block_name = message
+        kind, path, args, kwargs, block_name = message
+        if kind == "threads":
+            # No reply: the parent's next call finds the new count in force.
+            torch.set_num_threads(path)
+            continue
         generators: list[torch.Generator] = []
         try:
             call_args = [_argument(a, memory, block_name, generators) for a in args]
@@ -766,6 +770,23 @@ class TargetWorker:
         if status == "ok":
             return result
         raise _rebuilt_error(payload)
+
+    def set_threads(self, threads: int) -> None:
+        """Give the worker ``threads`` intra-op threads (torch's), now if it is running and on
+        every restart: an audit that runs in several processes divides the CPUs' threads
+        between them once it knows how many it runs (:mod:`losslessness.engine.parallel`).
+
+        Raises:
+            ValueError: ``threads`` below 1.
+        """
+        if threads < 1:
+            raise ValueError(f"threads: must be >= 1, got {threads}")
+        self.spec = dataclasses.replace(self.spec, threads=threads)
+        if self._connection is not None and self._process is not None \
+                and self._process.poll() is None:
+            # A worker that died meanwhile restarts on its next call, with the spec's count.
+            with contextlib.suppress(OSError):
+                self._connection.send_bytes(pickle.dumps(("threads", threads, (), {}, None)))
 
     def kill(self) -> None:
         """Kill the worker (SIGKILL), waiting at most :data:`KILL_WAIT_S` for it."""

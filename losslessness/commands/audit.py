@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import click
-import torch
 from rich.console import Console
 
 from losslessness.adapters import Adapter
@@ -31,7 +30,7 @@ from losslessness.commands.options import (
 from losslessness.commands.signals import handles_signals
 from losslessness.config import RunConfig
 from losslessness.engine import run_audit
-from losslessness.engine.parallel import available_cpus, threads_per_job
+from losslessness.engine.parallel import available_cpus
 from losslessness.engine.plan import RunPlan, load_device_checks, plan_run
 from losslessness.engine.scheduler import run_shard
 from losslessness.engine.shards import ShardResult, ShardSpec
@@ -218,10 +217,6 @@ def audit_command(
         engine_profile,
     )
     jobs = 1 if options["in_process"] else jobs or available_cpus()
-    if jobs > 1 and config.time_budget_s is None:
-        # Before the targets' workers start: they take this process's thread count. A
-        # time-budgeted run stays in one process (run_audit) and keeps every thread.
-        torch.set_num_threads(threads_per_job(jobs))
     resolved = names.resolve()
     console = report_console()
     try:

@@ -53,6 +53,7 @@ from losslessness.engine.scheduler import run_shard
 from losslessness.engine.shards import FailureKind, ShardResult, ShardSpec, UnitRecord
 from losslessness.engine.state import INTERRUPTED_MESSAGE, ProgressCallback
 from losslessness.results import run_environment
+from losslessness.worker import worker_of
 
 ShardRunner = Callable[[ShardSpec], ShardResult]
 """Runs one shard in a child process: resolves the targets, plans the run and calls
@@ -104,6 +105,17 @@ def parallel_jobs(plan: RunPlan, jobs: int) -> int:
     if plan.planned_steps(plan.units) < MIN_PARALLEL_STEPS:
         return 1
     return max(1, min(jobs, len(plan.units)))
+
+
+def _use_threads(plan: RunPlan, threads: int) -> None:
+    """Give this process and its targets' workers ``threads`` intra-op threads: they are
+    decided once the plan says how many processes run (a run that stays in one process keeps
+    every thread)."""
+    torch.set_num_threads(threads)
+    for adapter in plan.adapters:
+        worker = worker_of(adapter)
+        if worker is not None:
+            worker.set_threads(threads)
 
 
 def _die_with_parent() -> None:
@@ -321,6 +333,8 @@ def run_shards_in_processes(
         finished += sum(plan.planned_steps(_units_of(plan, r.shard)) for r in results)
         tell(0, planned, "")
 
+    threads = torch.get_num_threads()
+    _use_threads(plan, threads_per_job(jobs))
     try:
         for _ in range(jobs - 1):
             receive, send = context.Pipe(duplex=False)
@@ -350,6 +364,7 @@ def run_shards_in_processes(
             child.finish(plan, interrupted)
             arrived(list(child.results.values())[before:])
     finally:
+        _use_threads(plan, threads)
         for child in children:
             if child.process.is_alive():
                 child.process.kill()

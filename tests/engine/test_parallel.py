@@ -6,16 +6,23 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
+from click.testing import CliRunner
 
+from losslessness.cli import main
 from losslessness.commands.audit import TargetNames, run_child_shard
 from losslessness.config import RunConfig
 from losslessness.engine import parallel, run_audit
+from losslessness.engine.draw import ChainSampler
 from losslessness.engine.plan import UnitKind, plan_run
 from losslessness.engine.shards import ShardResult, ShardSpec
 from losslessness.results import Verdict
+from losslessness.worker import shutdown_workers, worker_of
+from tests.engine.thread_targets import THREADS_FILE
 
 CASES = ("v2-tilted", "v8-far", "v16-near-k4")
 """Three battery cases: three units per target, split into one shard per unit."""
@@ -143,3 +150,65 @@ def test_each_job_gets_its_share_of_the_cpus_threads(
     assert parallel.threads_per_job(jobs) == threads
     with pytest.raises(ValueError, match="--jobs"):
         parallel.threads_per_job(0)
+
+
+def _recorded_threads(path: Path) -> set[int]:
+    return {int(line) for line in path.read_text().split()}
+
+
+def test_a_small_run_allowed_several_jobs_keeps_every_thread_in_its_targets_workers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--jobs 2 on a plan too small to split runs in one process: the target's worker gets
+    all of this process's threads (it got half when the CLI divided them before it knew
+    whether the run would split)."""
+    record = tmp_path / "threads.txt"
+    monkeypatch.setenv(THREADS_FILE, str(record))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        outcome = CliRunner().invoke(
+            main, ["audit", "--jobs", "2", "--case", "v2-tilted", "--no-progress",
+                   "tests.engine.thread_targets:counting_threads"],
+        )
+        assert torch.get_num_threads() == 2
+    finally:
+        shutdown_workers()
+        torch.set_num_threads(threads)
+    assert outcome.exit_code == 0, outcome.output
+    assert _recorded_threads(record) == {2}
+
+
+def test_a_split_run_divides_the_threads_of_its_targets_workers_and_gives_them_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While a run is split between processes, this process and its targets' workers use
+    their share of the threads (``threads_per_job``), now and after a worker restarts; then
+    they get the count back."""
+    record = tmp_path / "threads.txt"
+    monkeypatch.setenv(THREADS_FILE, str(record))
+    names = TargetNames(("tests.engine.thread_targets:counting_threads",), False, (), (),
+                        False, None, None)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        plan = plan_run(_config(), names.resolve(), None)
+        adapter = plan.adapters[0]
+        worker = worker_of(adapter)
+        assert worker is not None and adapter.chain is not None
+        case = next(case for case in plan.chain_cases if case.case_id == "v2-tilted")
+        sampler = functools.partial(ChainSampler, adapter.chain, case, 4, 0, None)
+        parallel._use_threads(plan, 1)
+        sampler().step()
+        worker.kill()
+        sampler().step()
+        assert _recorded_threads(record) == {1} and torch.get_num_threads() == 1
+        record.unlink()
+        parallel._use_threads(plan, 2)
+        sampler().step()
+        assert _recorded_threads(record) == {2}
+        with pytest.raises(ValueError, match="threads"):
+            worker.set_threads(0)
+    finally:
+        shutdown_workers()
+        torch.set_num_threads(threads)
