@@ -17,11 +17,6 @@ RATE_TOLERANCE = 1e-12
 """An acceptance probability within this of 0 or 1 is treated as exactly 0 or 1 (float64
 rounding of sum min(p, q) when p == q or the supports are disjoint)."""
 
-MIN_STEPS = 2000
-"""Fewest verification steps per row type, so that exact checks and acceptance tests see
-enough samples even where the identity tests need few."""
-
-
 def case_laws(case: ChainCase) -> list[ChainLaws]:
     """Exact laws of each row type of ``case`` (cached on the case, :attr:`ChainCase.laws`)."""
     return list(case.laws)
