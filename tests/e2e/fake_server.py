@@ -2,14 +2,17 @@
 
 Modes: ``ok`` (``/health`` and ``/echo`` answer), ``exit`` (exits at start-up with code 3),
 ``never-healthy`` (``/health`` answers 503 for ever), ``hang`` (``/echo`` never answers),
-``crash`` (``/echo`` kills the server), ``spawn`` (starts a child of its own that sleeps, to
-show the whole process group is stopped; its pid is written to ``/pid``'s answer).
+``crash`` (``/echo`` kills the server), ``dying`` (``/echo`` stops listening, drops the
+connection and exits 3 s later, as a shim whose engine died ends itself), ``spawn`` (starts a
+child of its own that sleeps, to show the whole process group is stopped; its pid is written
+to ``/pid``'s answer).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -51,10 +54,16 @@ class Handler(BaseHTTPRequestHandler):
             time.sleep(600)
         if MODE == "crash":
             os._exit(9)
+        if MODE == "dying":
+            SERVER.socket.close()
+            self.connection.shutdown(socket.SHUT_RDWR)
+            time.sleep(3)
+            os._exit(9)
         self.answer(200, {"echo": payload, "pid": os.getpid()})
 
 
 if MODE == "exit":
     print("fake server: refusing to start", flush=True)
     sys.exit(3)
-HTTPServer(("127.0.0.1", PORT), Handler).serve_forever()
+SERVER = HTTPServer(("127.0.0.1", PORT), Handler)
+SERVER.serve_forever()

@@ -74,6 +74,23 @@ def test_a_request_that_hangs_or_kills_the_server_is_an_error_and_the_next_one_r
         engine.stop()
 
 
+def test_a_request_to_a_server_on_its_way_out_goes_to_a_fresh_one() -> None:
+    """A request that makes the server end is an error; the next one finds the process still
+    running but nothing listening (connection refused: it never reached the server), so it is
+    sent to a fresh server instead of failing too (vLLM's shim ends itself after its engine
+    died: the case after the one that killed it was an ERROR in a night's run)."""
+    engine = server("dying", request_timeout_s=10.0)
+    try:
+        first_pid = engine.request_json("/pid")["pid"]
+        with pytest.raises(EngineProcessError, match="failed"):
+            engine.request_json("/echo", {"x": 1})
+        assert engine.alive
+        assert engine.request_json("/pid")["pid"] != first_pid and engine.starts == 2
+        assert gone(first_pid)
+    finally:
+        engine.stop()
+
+
 def test_a_server_started_from_a_short_lived_thread_outlives_the_thread() -> None:
     """Audit calls may run on daemon threads: the server is forked by the launcher thread, so
     the death signal does not fire when the calling thread ends."""

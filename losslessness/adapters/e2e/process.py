@@ -288,6 +288,14 @@ class ServerProcess:
             try:
                 try:
                     status, answer = self._request(method, path, body, self.request_timeout_s)
+                except ConnectionRefusedError:
+                    # Nothing listens though the process may still run: a server on its way
+                    # out (a shim ends itself once its engine died). The request never reached
+                    # it, so a fresh server gets it.
+                    self._close_connection()
+                    self.stop()
+                    self.start()
+                    status, answer = self._request(method, path, body, self.request_timeout_s)
                 except (BrokenPipeError, ConnectionResetError, http.client.RemoteDisconnected):
                     # A live server may close an idle keep-alive connection: once, on a new one.
                     self._close_connection()
