@@ -939,13 +939,15 @@ def worker_of(adapter: Adapter) -> TargetWorker | None:
 
 
 def release_engine(adapter: Adapter) -> None:
-    """Stop the worker process of a whole-engine adapter (one with end-to-end targets, run in
-    a worker), and so the servers it started (they die with it): planning, warming up and
-    running call every engine in turn, and a night of engines must hold one engine's memory at
-    a time (four vLLM servers held together took 18 of 23 GiB). A later call restarts the
-    worker. Does nothing for any other adapter."""
+    """Stop the worker process of a whole-engine adapter (an end-to-end target that
+    ``requires_speculation``, run in a worker), and so the servers it started (they die with
+    it): planning, warming up and running call every engine in turn, and a night of engines
+    must hold one engine's memory at a time (four vLLM servers held together took 18 of 23
+    GiB). A later call restarts the worker. Does nothing for any other adapter: a light loop
+    such as transformers-generate keeps its worker (a restart costs seconds of the default
+    audit)."""
     worker = worker_of(adapter)
-    if adapter.end_to_end and worker is not None:
+    if worker is not None and any(t.requires_speculation for t in adapter.end_to_end):
         worker.kill()
 
 

@@ -69,9 +69,10 @@ ENGINE_DIRECTORY = "LOSSLESSNESS_TEST_ENGINE_DIR"
 
 class ExclusiveToy(BatchingToy):
     """An honest :class:`BatchingToy` that, like a server holding gigabytes, must be the only
-    engine alive: its first call registers this process in the folder named by
-    :data:`ENGINE_DIRECTORY`, and every call raises ``RuntimeError`` while another registered
-    process is still alive (so a run that keeps two engines up at once gets an ERROR)."""
+    engine alive (a whole engine: its target ``requires_speculation`` and it counts drafts):
+    its first call registers this process in the folder named by :data:`ENGINE_DIRECTORY`,
+    and every call raises ``RuntimeError`` while another registered process is still alive
+    (so a run that keeps two engines up at once gets an ERROR)."""
 
     def _hold(self) -> None:
         folder = Path(os.environ[ENGINE_DIRECTORY])
@@ -91,6 +92,15 @@ class ExclusiveToy(BatchingToy):
         self._hold()
         return super().next_token_probs(prefix_ids)
 
+    def draft_counts(self) -> dict[str, int]:
+        """Drafted and accepted tokens as an engine counts them (two drafts per verify step:
+        an upper bound near ``max_new_tokens``, where the loop may draft fewer)."""
+        lengths = self.inner.accepted_length_counts()
+        return {
+            "drafted": 2 * sum(lengths.values()),
+            "accepted": sum(length * count for length, count in lengths.items()),
+        }
+
 
 def _alive(pid: int) -> bool:
     try:
@@ -104,7 +114,8 @@ def _exclusive_adapter(name: str) -> Adapter:
     return Adapter(
         name, "the toy loop in batches, the only engine alive",
         end_to_end=(EndToEndTarget(f"{name}/t1", "toy in batches", ExclusiveToy(), PROMPT,
-                                   NEW_TOKENS, reproducible_seeds=True),),
+                                   NEW_TOKENS, reproducible_seeds=True,
+                                   requires_speculation=True),),
     )
 
 
