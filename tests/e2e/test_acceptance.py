@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from losslessness.adapters import AdapterUnavailable
+from losslessness.adapters.base import import_optional
 from losslessness.adapters.e2e import acceptance
 from losslessness.adapters.e2e.acceptance import DraftingScheme, Prediction, predicted_acceptance
 from losslessness.adapters.e2e.engine import PROMPTS, EngineCase, Sampling, engine_adapter
@@ -34,6 +35,9 @@ GREEDY = Sampling(temperature=None)
 @pytest.fixture(scope="module")
 def built() -> TinyModels:
     try:
+        # Cached models load without either package, but the tests tokenize and run them.
+        import_optional("sentencepiece", "sentencepiece")
+        import_optional("transformers", "transformers")
         return build_tiny_models()
     except AdapterUnavailable as error:
         pytest.skip(str(error))
