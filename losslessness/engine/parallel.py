@@ -333,13 +333,13 @@ def run_shards_in_processes(
         finished += sum(plan.planned_steps(_units_of(plan, r.shard)) for r in results)
         tell(0, planned, "")
 
-    threads = torch.get_num_threads()
-    _use_threads(plan, threads_per_job(jobs))
+    threads, share = torch.get_num_threads(), threads_per_job(jobs)
+    _use_threads(plan, share)
     try:
         for _ in range(jobs - 1):
             receive, send = context.Pipe(duplex=False)
             process = context.Process(
-                target=_child_main, args=(runner, order, counter, send, threads_per_job(jobs)),
+                target=_child_main, args=(runner, order, counter, send, share),
                 daemon=True,
                 name="losslessness-audit-shards",
             )

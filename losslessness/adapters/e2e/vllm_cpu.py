@@ -340,7 +340,6 @@ class VllmClient(ShimClient):
             ) from error
 
 
-
 def vllm_client(method: str, draft_sample_method: str = "greedy") -> tuple[VllmClient, TinyModels]:
     """A client of ``method`` on the built environment, and the tiny models.
 
