@@ -24,18 +24,43 @@ def normalise(rows: np.ndarray) -> np.ndarray:
     return normalised
 
 
-def softmax(logits: np.ndarray) -> np.ndarray:
-    """The softmax of one row of logits, shifted by its maximum (no overflow).
+MANTISSA_BITS = 24
+"""Bits of mantissa :func:`portable` keeps (float32's precision, float64's range)."""
+
+
+def portable(values: np.ndarray) -> np.ndarray:
+    """``values`` with each mantissa rounded to :data:`MANTISSA_BITS` bits, exponent kept.
+
+    numpy's and torch's ``exp`` differ in the last bit between their SIMD kernels (AVX-512 or
+    AVX2, chosen at run time by the CPU: the ``v1000-peaked`` case's p differed between two
+    x86-64 machines), and a case's hash, from which its seeds derive, reads every bit. Rounded,
+    a one-ulp difference changes a value with probability about ``2**-28``, so a case, its seeds
+    and its replay line are the same on every machine.
 
     Args:
-        logits: ``[V]`` float64 finite logits.
+        values: float64 array, any shape (0 and infinities pass unchanged).
 
     Returns:
-        ``[V]`` float64 probabilities summing to 1.
+        A float64 array of the same shape.
     """
-    shifted = np.exp(logits - logits.max())
-    normalised: np.ndarray = shifted / shifted.sum()
-    return normalised
+    mantissa, exponent = np.frexp(values)
+    scaled = np.round(mantissa * 2.0**MANTISSA_BITS)
+    rounded: np.ndarray = np.ldexp(scaled, exponent - MANTISSA_BITS)
+    return rounded
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    """The softmax over the last axis, shifted by each row's maximum (no overflow), with
+    :func:`portable` exponentials: the same bits on every machine.
+
+    Args:
+        logits: ``[..., V]`` float64 logits, each row with a finite maximum (``-inf`` entries
+            get probability 0).
+
+    Returns:
+        ``[..., V]`` float64 probabilities, each row summing to 1.
+    """
+    return normalise(portable(np.exp(logits - logits.max(axis=-1, keepdims=True))))
 
 
 def mix(p: np.ndarray, other: np.ndarray, weight: float) -> np.ndarray:
@@ -125,9 +150,7 @@ def softmax_markov_tables(
     """
     logits = rng.normal(size=(depth + 1, vocab if rows is None else rows, vocab)) * scale
     noisy = logits + rng.normal(size=logits.shape) * draft_noise
-    p = np.exp(logits - logits.max(axis=-1, keepdims=True))
-    q = np.exp(noisy - noisy.max(axis=-1, keepdims=True))
-    p, q = normalise(p), normalise(q)
+    p, q = softmax(logits), softmax(noisy)
     as_tensor = torch.from_numpy
     return (as_tensor(p[0, 0]).clone(), as_tensor(q[0, 0]).clone(),
             as_tensor(p[1:]).clone(), as_tensor(q[1:]).clone())

@@ -21,6 +21,7 @@ import functools
 
 import torch
 
+from losslessness.batteries.builders import softmax
 from losslessness.cases import ServingCase, ServingRow
 from losslessness.requests import Request
 
@@ -71,7 +72,7 @@ class ServingDraws:
         if support is not None:
             cut = torch.topk(noisy, support, dim=-1).values[:, -1:]
             noisy = noisy.masked_fill(noisy < cut, float("-inf"))
-        return torch.softmax(noisy, dim=-1)
+        return torch.from_numpy(softmax(noisy.numpy()))
 
     def row(self, label: str, request: Request, drafts: int = _K, support: int | None = None,
             vocab: int = _V, k: int = _K, scale: float = 1.5) -> ServingRow:

@@ -5,11 +5,17 @@ were recorded before the engine was reorganised."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.engine.behaviour import SCENARIOS, pinned
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _differences(expected: Any, got: Any, where: str = "") -> list[str]:
@@ -35,3 +41,38 @@ def test_engine_decisions_equal_the_pinned_record(scenario: str) -> None:
     changes only)."""
     differences = _differences(pinned()[scenario], SCENARIOS[scenario]())
     assert not differences, "\n".join(differences[:20])
+
+
+BATTERY_HASHES = """
+import hashlib
+from losslessness.batteries.chain import chain_battery_at_vocab, default_chain_battery
+from losslessness.batteries.serving import default_serving_battery
+from losslessness.batteries.tree import default_tree_battery, tree_cases_at_vocab
+cases = [*default_chain_battery(), *chain_battery_at_vocab(1000), *default_tree_battery(),
+         *tree_cases_at_vocab(2000), *default_serving_battery()]
+print(hashlib.sha256(" ".join(case.case_hash for case in cases).encode()).hexdigest())
+"""
+
+
+def test_battery_cases_are_the_same_bits_whatever_simd_kernels_the_cpu_selects() -> None:
+    """Every battery case (chain, tree, serving, and the ``--vocab-size`` ones) hashes the same
+    when numpy is kept off AVX-512 and AVX2 (``NPY_DISABLE_CPU_FEATURES``) and torch off its
+    vector kernels (``ATEN_CPU_CAPABILITY=default``): their ``exp`` kernels differ in the last bit,
+    which changed ``v1000-peaked``'s seeds, and so this record, from one x86-64 machine to the
+    next. On a CPU without those features the variants run the same kernels and agree
+    trivially."""
+    variants = [
+        {},
+        {"NPY_DISABLE_CPU_FEATURES": "AVX512_SPR AVX512_ICL X86_V4 X86_V3"},
+        {"ATEN_CPU_CAPABILITY": "default"},
+    ]
+    hashes = set()
+    for variant in variants:
+        environment = {**os.environ, **variant, "PYTHONPATH": str(ROOT)}
+        result = subprocess.run(
+            [sys.executable, "-c", BATTERY_HASHES], env=environment, capture_output=True,
+            text=True, timeout=300, check=False,
+        )
+        assert result.returncode == 0, result.stderr
+        hashes.add(result.stdout)
+    assert len(hashes) == 1, hashes
