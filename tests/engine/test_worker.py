@@ -45,6 +45,7 @@ from losslessness.targets import (
 from losslessness.worker import TargetRaised, shutdown_workers, worker_of
 from tests.engine.behaviour import _canonical, pinned
 from tests.engine.test_behaviour_pinned import _differences
+from tests.suite.runner import run_suite
 
 HOSTILE = "tests.engine.hostile_targets"
 ROOT = Path(__file__).resolve().parents[2]
@@ -341,22 +342,14 @@ def test_shutdown_kills_every_worker() -> None:
         os.kill(pid, 0)
 
 
-def test_pytest_plugin_fails_a_call_past_its_timeout_with_a_clear_message(
-    tmp_path: Path,
-) -> None:
+def test_pytest_plugin_fails_a_call_past_its_timeout_with_a_clear_message(tmp_path: Path) -> None:
     """``pytest --losslessness-target=... --losslessness-timeout=2`` on a verifier that hangs
     fails the chain test, naming the option, within seconds (the worker is killed)."""
-    environment = {**os.environ, "PYTHONPATH": str(ROOT)}
-    environment.pop("LOSSLESSNESS_HYPOTHESIS_PROFILE", None)
     began = time.perf_counter()
-    completed = subprocess.run(
-        [
-            sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
-            f"--losslessness-target={HOSTILE}:sleeps", "--losslessness-timeout=2",
-            "--losslessness-profile=ci",
-        ],
-        cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=300,
+    result = run_suite(
+        tmp_path, f"--losslessness-target={HOSTILE}:sleeps", "--losslessness-timeout=2",
+        "--losslessness-profile=ci", isolated=True,
     )
-    assert completed.returncode == 1, completed.stdout + completed.stderr
-    assert "did not return within 2 s (--losslessness-timeout)" in completed.stdout
+    assert result.returncode == 1, result.output
+    assert "did not return within 2 s (--losslessness-timeout)" in result.stdout
     assert time.perf_counter() - began < 120

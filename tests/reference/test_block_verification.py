@@ -7,16 +7,13 @@ law, exceeds token verification's (so the old per-position bound would have call
 and never exceeds the joint coupling bound; the acceptance check passes it, flags a prefix
 acceptance above the bound as LOSSY, holds declared block verifiers to block verification's
 rate; the one-sided bound test is calibrated and has its stated power; the property suite
-passes the block verifier and fails the wrong-residual mutant.
+fails the wrong-residual mutant (it passes the block verifier: tests/suite/test_suite_plugin.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -43,8 +40,7 @@ from losslessness.samples import ChainSamples
 from losslessness.stats import acceptance_rate_test, identity_test
 from losslessness.stats.binomial import rate_bound_minimum_detectable_shift, rate_bound_test
 from losslessness.zoo.chain import block_verification_wrong_residual
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.suite.runner import run_suite
 
 # The battery's v2-tilted case (losslessness.checks.battery): block verification accepts both
 # drafts with probability 0.52, token verification 0.48, the joint bound is 0.6.
@@ -287,35 +283,15 @@ def test_block_verifier_validates_inputs_like_the_reference() -> None:
     assert out.shape == (1, 1) and out.dtype == torch.int64
 
 
-def _run_suite(target: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
-    command = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "-p",
-        "no:cacheprovider",
-        "-q",
-        "--losslessness-profile=ci",
-        f"--losslessness-target={target}",
-    ]
-    environment = {**os.environ, "PYTHONPATH": str(ROOT)}
-    environment.pop("LOSSLESSNESS_HYPOTHESIS_PROFILE", None)
-    return subprocess.run(
-        command, cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=900
-    )
-
-
-def test_property_suite_passes_block_verification(tmp_path: Path) -> None:
-    """``pytest --losslessness-target=losslessness.reference.block:verify_block`` passes (ci
-    profile, the chain witness included; 5 s)."""
-    result = _run_suite("losslessness.reference.block:verify_block", tmp_path)
-    assert result.returncode == 0, result.stdout + result.stderr
-
-
 def test_property_suite_fails_block_verification_with_wrong_residual(tmp_path: Path) -> None:
     """The suite fails the wrong-residual mutant with a LOSSY law (ci profile). It needs V >= 3,
-    k >= 2 and a prefix weight below 1 to show: the chain witness example has them (5 s);
-    without it the ci profile's generated cases missed the mutant."""
-    result = _run_suite("losslessness.zoo.chain:block_verification_wrong_residual", tmp_path)
-    assert result.returncode == 1, result.stdout + result.stderr
+    k >= 2 and a prefix weight below 1 to show: the chain witness example has them; without it
+    the ci profile's generated cases missed the mutant. (That block verification itself passes
+    the suite is pinned with the zoo's other lossless controls, tests/suite/
+    test_suite_plugin.py.)"""
+    result = run_suite(
+        tmp_path, "--losslessness-profile=ci",
+        "--losslessness-target=losslessness.zoo.chain:block_verification_wrong_residual",
+    )
+    assert result.returncode == 1, result.output
     assert "LOSSY law at position" in result.stdout

@@ -1,4 +1,4 @@
-"""The serving property suite run as a user runs it (a pytest subprocess,
+"""The serving property suite run as a user runs it (:mod:`tests.suite.runner`,
 ``--losslessness-protocol=serving``): the reference serving verifier passes on its own profile
 and on others named by ``--losslessness-engine-profile``; the serving mutants of the zoo
 (:func:`losslessness.zoo.serving.serving_zoo`) fail with the check, the row kind's request, the
@@ -8,10 +8,7 @@ Hypothesis runs (about 30 s of a Python-loop reference verifier per profile) are
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -25,24 +22,9 @@ from losslessness.suite.serving_support import (
 )
 from losslessness.suite.support import SERVING_WITNESS_EXAMPLES
 from losslessness.zoo.serving import serving_zoo
+from tests.suite.runner import run_suite
 
-ROOT = Path(__file__).resolve().parents[2]
 SERVING = ("--losslessness-protocol=serving",)
-
-
-def run_suite(*options: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    """pytest from an empty directory with the repository on PYTHONPATH, ci profile, the
-    target in-process (the suite's power is pinned here, its isolation in
-    tests/engine/test_worker.py), one torch thread on the shared 2-core machine."""
-    command = [
-        sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
-        "--losslessness-in-process", *options,
-    ]
-    environment = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    environment.pop("LOSSLESSNESS_HYPOTHESIS_PROFILE", None)
-    return subprocess.run(
-        command, cwd=cwd, env=environment, capture_output=True, text=True, timeout=900
-    )
 
 
 LOSSY_SERVING = [entry.name for entry in serving_zoo() if entry.lossy]
@@ -100,10 +82,10 @@ def test_reference_passes_the_serving_witnesses(
     adapter or by ``--losslessness-engine-profile``; the chain module is not collected for a
     serving target."""
     result = run_suite(
-        "--losslessness-profile=ci", f"--losslessness-target={target}", *SERVING, *options,
-        "-k", "witness", cwd=tmp_path,
+        tmp_path, "--losslessness-profile=ci", f"--losslessness-target={target}", *SERVING,
+        *options, "-k", "witness",
     )
-    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.returncode == 0, result.output
     assert "2 passed" in result.stdout, result.stdout
     assert "test_chain" not in result.stdout
 
@@ -125,10 +107,10 @@ def test_reference_passes_the_serving_suite(
     serving verifier under ``ci`` and ``dev`` (and on a profile without greedy rows or
     penalties): no false alarm on a correct verifier (about a minute each)."""
     result = run_suite(
-        f"--losslessness-profile={profile}", f"--losslessness-target={target}", *SERVING,
-        *options, cwd=tmp_path,
+        tmp_path, f"--losslessness-profile={profile}", f"--losslessness-target={target}", *SERVING,
+        *options,
     )
-    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.returncode == 0, result.output
     # FlashInfer implements none of the history witness's requests: that witness skips.
     assert "passed" in result.stdout and "failed" not in result.stdout, result.stdout
 
@@ -148,11 +130,11 @@ def test_serving_suite_fails_on_each_serving_mutant_with_a_replayable_message(
     its request, the seed and a replay line carrying the protocol option."""
     target = f"mutant/{name}"
     result = run_suite(
-        "--losslessness-profile=ci", f"--losslessness-target={target}", *SERVING,
-        "-k", "witness", cwd=tmp_path,
+        tmp_path, "--losslessness-profile=ci", f"--losslessness-target={target}", *SERVING,
+        "-k", "witness",
     )
     output = result.stdout
-    assert result.returncode == 1, output + result.stderr
+    assert result.returncode == 1, result.output
     assert re.search(
         r"losslessness: LOSSY serving\.(law|greedy|acceptance|structure) at position \d+, "
         r"row kind \d+ \(V=\d+ k=\d+ witness", output
@@ -174,11 +156,11 @@ def test_serving_suite_shrinks_a_generated_failure(tmp_path: Path) -> None:
     not found this way in the ci profile's 25 batches: its witness is what catches it."""
     target = "mutant/serving-default-sampling-params"
     result = run_suite(
-        "--losslessness-profile=ci", f"--losslessness-target={target}", *SERVING,
-        "-k", "is_lossless", cwd=tmp_path,
+        tmp_path, "--losslessness-profile=ci", f"--losslessness-target={target}", *SERVING,
+        "-k", "is_lossless",
     )
     output = result.stdout
-    assert result.returncode == 1, output + result.stderr
+    assert result.returncode == 1, result.output
     match = re.search(
         r"losslessness: LOSSY serving\.\w+ .*\(V=(\d+) k=(\d+) (\d+) row kind", output
     )
@@ -193,10 +175,10 @@ def test_serving_control_passes_the_serving_witnesses(tmp_path: Path) -> None:
     """The lossless control (sampling from the gathered support of the law only) passes the
     witnesses: a correct variant is not called LOSSY."""
     result = run_suite(
-        "--losslessness-profile=ci", "--losslessness-target=mutant/serving-sparse-support",
-        *SERVING, "-k", "witness", cwd=tmp_path,
+        tmp_path, "--losslessness-profile=ci",
+        "--losslessness-target=mutant/serving-sparse-support", *SERVING, "-k", "witness",
     )
-    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.returncode == 0, result.output
     assert "2 passed" in result.stdout, result.stdout
 
 
@@ -204,18 +186,18 @@ def test_serving_control_passes_the_serving_witnesses(tmp_path: Path) -> None:
 def test_serving_control_passes_the_serving_suite(tmp_path: Path) -> None:
     """The lossless control passes the whole serving suite under ``ci``."""
     result = run_suite(
-        "--losslessness-profile=ci", "--losslessness-target=mutant/serving-sparse-support",
-        *SERVING, cwd=tmp_path,
+        tmp_path, "--losslessness-profile=ci",
+        "--losslessness-target=mutant/serving-sparse-support", *SERVING,
     )
-    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.returncode == 0, result.output
 
 
 def test_serving_target_without_a_profile_is_a_usage_error(tmp_path: Path) -> None:
     """A serving function without ``engine_profile`` and no ``--losslessness-engine-profile``
     stops the run naming the option."""
     result = run_suite(
-        "--losslessness-target=tests.suite.serving_targets:reference_sglang_torch", *SERVING,
-        cwd=tmp_path,
+        tmp_path, "--losslessness-target=tests.suite.serving_targets:reference_sglang_torch",
+        *SERVING,
     )
     assert result.returncode != 0
-    assert "--losslessness-engine-profile" in result.stdout + result.stderr
+    assert "--losslessness-engine-profile" in result.output

@@ -1,42 +1,18 @@
-"""The pytest plugin and property suite, run as a user runs them (a pytest subprocess):
+"""The pytest plugin and property suite, run as a user runs them (:mod:`tests.suite.runner`):
 the reference passes; every wrong verifier fails with a replayable message naming the check,
 the position and a small shrunk case; the lossless-but-suboptimal control passes with a
 warning. Shrunk cases are printed (``pytest -s``) for the closing note."""
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from losslessness.suite import MAX_VOCAB, SMALL_VOCAB
 from losslessness.zoo import MUTANTS
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def run_suite(
-    *options: str, tmp_path: Path, isolated: bool = False
-) -> subprocess.CompletedProcess[str]:
-    """pytest as a user runs it, from an empty project directory (``tmp_path``) with the
-    repository on PYTHONPATH (for ``tests.wrong_verifiers``): only the plugin's suite modules
-    are collected, imported from the same place as the plugin itself. These tests pin the
-    suite's verdicts, so the verifiers run in-process (``--losslessness-in-process``) unless
-    ``isolated``: a worker process costs about 12 s more per run of the ci profile (one test
-    runs the reference as a user does, isolated; the isolation itself is pinned in
-    tests/engine/test_worker.py). One torch thread: the 2-core machine is shared."""
-    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", *options]
-    if not isolated:
-        command.append("--losslessness-in-process")
-    environment = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    environment.pop("LOSSLESSNESS_HYPOTHESIS_PROFILE", None)
-    return subprocess.run(
-        command, cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=900
-    )
+from tests.suite.runner import run_suite
 
 
 @pytest.mark.parametrize(
@@ -48,12 +24,12 @@ def test_suite_passes_on_the_reference(profile: str, tmp_path: Path) -> None:
     examples take about a minute: ``tox -e slow``); under the ci profile exactly as a user
     runs it, the reference in a worker process."""
     result = run_suite(
-        f"--losslessness-profile={profile}",
+        tmp_path, f"--losslessness-profile={profile}",
         "--losslessness-target=losslessness.reference:verify",
         "--losslessness-greedy=losslessness.reference:verify_greedy",
-        tmp_path=tmp_path, isolated=profile == "ci",
+        isolated=profile == "ci",
     )
-    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.returncode == 0, result.output
     assert "2 passed" in result.stdout
 
 
@@ -80,15 +56,15 @@ def test_suite_fails_on_each_wrong_verifier_with_a_replayable_message(
 ) -> None:
     """Each wrong verifier fails the suite: the message names the check and position, shows
     the shrunk case, its seed and a one-line replay command; the shrunk case is small. This
-    pins the suite's power, so the verifiers run in-process (:func:`run_suite`): in a worker
-    process the ci profile's search and shrink for ``clamp_target_at_floor`` ran past 15 minutes
-    on CI's 2 cores."""
+    pins the suite's power, so the verifiers run in-process (:func:`tests.suite.runner.
+    run_suite`): in a worker process the ci profile's search and shrink for
+    ``clamp_target_at_floor`` ran past 15 minutes on CI's 2 cores."""
     target = f"tests.wrong_verifiers:{verifier}"
     result = run_suite(
-        "--losslessness-profile=ci", f"--losslessness-target={target}", tmp_path=tmp_path
+        tmp_path, "--losslessness-profile=ci", f"--losslessness-target={target}"
     )
     output = result.stdout
-    assert result.returncode == 1, output + result.stderr
+    assert result.returncode == 1, result.output
     match = re.search(
         rf"losslessness: LOSSY ({check})(?: at position \d+, row \d+)? \(V=(\d+) k=(\d+) B=(\d+)",
         output,
@@ -112,31 +88,29 @@ def test_suite_fails_on_each_wrong_verifier_with_a_replayable_message(
 def test_suite_passes_sample_and_match_with_a_suboptimal_warning(tmp_path: Path) -> None:
     """Sample-and-match is lossless: the suite passes, warning that acceptance is too low."""
     result = run_suite(
-        "--losslessness-profile=ci",
+        tmp_path, "--losslessness-profile=ci",
         "--losslessness-target=tests.wrong_verifiers:sample_and_match",
-        tmp_path=tmp_path,
     )
-    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.returncode == 0, result.output
     assert "SUBOPTIMAL" in result.stdout
 
 
 def test_suite_fails_on_greedy_tie_breaking(tmp_path: Path) -> None:
     """A greedy verifier that breaks ties towards the highest index fails with the tie shown."""
     result = run_suite(
-        "--losslessness-profile=ci",
+        tmp_path, "--losslessness-profile=ci",
         "--losslessness-greedy=tests.wrong_verifiers:greedy_ties_to_highest",
-        tmp_path=tmp_path,
     )
-    assert result.returncode == 1, result.stdout + result.stderr
+    assert result.returncode == 1, result.output
     assert "LOSSY greedy at position" in result.stdout
     assert "tie at the maximum" in result.stdout
 
 
 def test_unknown_target_is_a_usage_error(tmp_path: Path) -> None:
     """A target that does not resolve stops the run with the option named."""
-    result = run_suite("--losslessness-target=no_such_module_xyz:verify", tmp_path=tmp_path)
+    result = run_suite(tmp_path, "--losslessness-target=no_such_module_xyz:verify")
     assert result.returncode != 0
-    assert "--losslessness-target=no_such_module_xyz:verify" in result.stdout + result.stderr
+    assert "--losslessness-target=no_such_module_xyz:verify" in result.output
 
 
 CHAIN_CONTROLS = [
@@ -147,7 +121,9 @@ CHAIN_CONTROLS = [
 
 
 @pytest.mark.parametrize("name", CHAIN_CONTROLS)
-def test_suite_passes_every_lossless_chain_control_of_the_zoo(name: str, tmp_path: Path) -> None:
+def test_suite_passes_every_lossless_chain_control_of_the_zoo(
+    name: str, tmp_path: Path
+) -> None:
     """Each lossless chain control of the zoo (sample-and-match, a Gumbel-max residual,
     log-space acceptance, an unnormalised residual drawn by multinomial, block verification)
     passes the suite (ci profile, the chain witness included): calling a correct published
@@ -156,9 +132,9 @@ def test_suite_passes_every_lossless_chain_control_of_the_zoo(name: str, tmp_pat
     assert chain is not None
     target = f"{chain.__module__}:{chain.__name__}"
     result = run_suite(
-        "--losslessness-profile=ci", f"--losslessness-target={target}", tmp_path=tmp_path
+        tmp_path, "--losslessness-profile=ci", f"--losslessness-target={target}"
     )
-    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.returncode == 0, result.output
     assert "1 passed" in result.stdout, result.stdout
 
 
@@ -182,10 +158,10 @@ def test_suite_fails_on_each_call_condition_mutant_at_its_witness(
     assert chain is not None
     target = f"{chain.__module__}:{chain.__name__}"
     result = run_suite(
-        "--losslessness-profile=ci", f"--losslessness-target={target}", tmp_path=tmp_path
+        tmp_path, "--losslessness-profile=ci", f"--losslessness-target={target}"
     )
     output = result.stdout
-    assert result.returncode == 1, output + result.stderr
+    assert result.returncode == 1, result.output
     assert re.search(rf"losslessness: LOSSY \S+.*witness: {witness}", output), output
     assert re.search(r"seed \d+ \(derived from the case hash [0-9a-f]{12}\)", output)
     assert f"replay: pytest --losslessness-target={target} --losslessness-profile=ci" in output

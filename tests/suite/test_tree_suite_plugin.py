@@ -1,4 +1,4 @@
-"""The tree property suite run as a user runs it (a pytest subprocess): the reference tree
+"""The tree property suite run as a user runs it (:mod:`tests.suite.runner`): the reference tree
 verifiers pass; every lossy tree mutant of the zoo (:data:`losslessness.zoo.tree.TREE_ZOO`)
 fails it with the check, a small shrunk tree and a one-line replay command; shown in
 detail for a tree verifier that judges siblings against p instead of the running residual, and
@@ -6,10 +6,7 @@ a greedy one taking its final token from the parent."""
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,8 +14,8 @@ import pytest
 from losslessness.suite.tree_support import TREE_SMALL_VOCAB
 from losslessness.zoo import Mutant
 from losslessness.zoo.tree import TREE_ZOO
+from tests.suite.runner import run_suite
 
-ROOT = Path(__file__).resolve().parents[2]
 MUTANTS_MODULE = "losslessness.zoo.tree"
 WRONG_TREE = f"{MUTANTS_MODULE}:iid_siblings_against_p"
 WRONG_GREEDY_TREE = f"{MUTANTS_MODULE}:greedy_final_from_parent"
@@ -42,32 +39,15 @@ BEYOND_SUITE_VOCAB = {
 """Lossy tree mutants whose mechanism needs a vocabulary the suite does not draw."""
 
 
-def run_suite(*options: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    """pytest from an empty directory with the repository on PYTHONPATH; one torch thread, as
-    the 2-core machine is shared. These tests pin the tree suite's power, so the verifiers run
-    in-process (``--losslessness-in-process``); the plugin's isolation is pinned in
-    tests/engine/test_worker.py."""
-    command = [
-        sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
-        "--losslessness-in-process", *options,
-    ]
-    environment = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    environment.pop("LOSSLESSNESS_HYPOTHESIS_PROFILE", None)
-    return subprocess.run(
-        command, cwd=cwd, env=environment, capture_output=True, text=True, timeout=900
-    )
-
-
 def test_tree_suite_passes_on_the_reference(tmp_path: Path) -> None:
     """``--losslessness-tree`` and ``--losslessness-tree-greedy`` on the reference collect only
     the tree module and pass (ci profile)."""
     result = run_suite(
-        "--losslessness-profile=ci",
+        tmp_path, "--losslessness-profile=ci",
         "--losslessness-tree=losslessness.reference.tree:verify_tree",
         "--losslessness-tree-greedy=losslessness.reference.tree:verify_tree_greedy",
-        cwd=tmp_path,
     )
-    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.returncode == 0, result.output
     assert "2 passed" in result.stdout and "skipped" not in result.stdout
 
 
@@ -75,12 +55,10 @@ def test_tree_suite_passes_on_the_reference(tmp_path: Path) -> None:
 def wrong_run(tmp_path_factory: pytest.TempPathFactory) -> str:
     """The suite's output on both wrong tree verifiers (one run, ci profile; about 10 s)."""
     result = run_suite(
-        "--losslessness-profile=ci",
-        f"--losslessness-tree={WRONG_TREE}",
-        f"--losslessness-tree-greedy={WRONG_GREEDY_TREE}",
-        cwd=tmp_path_factory.mktemp("wrong-tree"),
+        tmp_path_factory.mktemp("wrong-tree"), "--losslessness-profile=ci",
+        f"--losslessness-tree={WRONG_TREE}", f"--losslessness-tree-greedy={WRONG_GREEDY_TREE}",
     )
-    assert result.returncode == 1, result.stdout + result.stderr
+    assert result.returncode == 1, result.output
     assert "2 failed" in result.stdout, result.stdout
     return result.stdout
 
@@ -121,11 +99,9 @@ def test_suite_fails_on_greedy_final_from_parent_with_a_shrunk_tree(wrong_run: s
 def test_tree_target_without_a_tree_verifier_is_a_usage_error(tmp_path: Path) -> None:
     """A tree option naming something that is not callable stops the run with the option
     named."""
-    result = run_suite("--losslessness-tree=losslessness.protocol:DRAFT_SCHEMES", cwd=tmp_path)
+    result = run_suite(tmp_path, "--losslessness-tree=losslessness.protocol:DRAFT_SCHEMES")
     assert result.returncode != 0
-    assert "--losslessness-tree=losslessness.protocol:DRAFT_SCHEMES" in (
-        result.stdout + result.stderr
-    )
+    assert "--losslessness-tree=losslessness.protocol:DRAFT_SCHEMES" in result.output
 
 
 @pytest.mark.parametrize(
@@ -152,8 +128,8 @@ def test_suite_fails_on_every_lossy_tree_mutant_with_a_shrunk_tree_and_a_replay_
     greedy = spec.protocol == "greedy-tree"
     option = "--losslessness-tree-greedy" if greedy else "--losslessness-tree"
     target = f"{MUTANTS_MODULE}:{spec.verifier.__name__}"  # type: ignore[union-attr]
-    result = run_suite("--losslessness-profile=ci", f"{option}={target}", cwd=tmp_path)
-    output = result.stdout + result.stderr
+    result = run_suite(tmp_path, "--losslessness-profile=ci", f"{option}={target}")
+    output = result.output
     assert result.returncode == 1, output
     assert "1 failed" in result.stdout, output
     assert re.search(r"losslessness: LOSSY tree\.\w+", output), output
@@ -177,6 +153,6 @@ def test_suite_passes_every_lossless_tree_control(spec: object, tmp_path: Path) 
     greedy = spec.protocol == "greedy-tree"
     option = "--losslessness-tree-greedy" if greedy else "--losslessness-tree"
     target = f"{MUTANTS_MODULE}:{spec.verifier.__name__}"  # type: ignore[union-attr]
-    result = run_suite("--losslessness-profile=ci", f"{option}={target}", cwd=tmp_path)
-    assert result.returncode == 0, result.stdout + result.stderr
+    result = run_suite(tmp_path, "--losslessness-profile=ci", f"{option}={target}")
+    assert result.returncode == 0, result.output
     assert "1 passed" in result.stdout, result.stdout
