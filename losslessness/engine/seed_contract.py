@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from losslessness.batteries.builders import softmax
 from losslessness.checks.seed_contract import SeedObservation
 from losslessness.engine.draw import call_target
 from losslessness.protocol import (
@@ -85,9 +86,8 @@ def _row(label: str, generator: torch.Generator, request: Request, drafts: int,
     logits = scale * torch.randn((k + 1, vocab), generator=generator, dtype=torch.float64)
     q = None
     if with_q:
-        q = torch.softmax(
-            scale * torch.randn((k, vocab), generator=generator, dtype=torch.float64), dim=-1
-        )
+        draft_logits = scale * torch.randn((k, vocab), generator=generator, dtype=torch.float64)
+        q = torch.from_numpy(softmax(draft_logits.numpy()))
     tokens = torch.randint(0, vocab, (drafts,), generator=generator).tolist()
     return SeedRow(label, logits, q, tuple(int(t) for t in tokens), request)
 
