@@ -114,6 +114,7 @@ class SuiteTarget:
             if worker is not None:
                 worker.timeout_s = self.call_timeout_s
                 worker.timeout_option = "--losslessness-timeout"
+                worker.timeouts_are_final = True
             self._loaded[key] = adapter
         loaded: Adapter = self._loaded[key]
         return loaded
@@ -291,8 +292,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="SECONDS",
         type=float,
         default=None,
-        help="seconds one call of a target may take; a longer call fails its test (default: "
-        "the audit's --timeout default)",
+        help="seconds one call of a target may take; a longer call fails its test, and the "
+        "target's later calls fail at once naming it (Hypothesis's shrinking does not wait "
+        "out the timeout again; default: the audit's --timeout default)",
     )
     group.addoption(
         "--losslessness-in-process",

@@ -160,6 +160,18 @@ class WorkerSpec:
     path: tuple[str, ...] = ()
 
 
+def _describe_inputs(args: Sequence[Any], names: Sequence[str]) -> str:
+    """``target_probs [2, 4, 16] float64, ...``: the shapes and dtypes of a call's tensors (a
+    hung call's inputs, named in the errors of the calls after it)."""
+    described = []
+    for index, value in enumerate(args):
+        name = names[index] if index < len(names) else f"argument {index}"
+        if isinstance(value, torch.Tensor):
+            dtype = str(value.dtype).removeprefix("torch.")
+            described.append(f"{name} {list(value.shape)} {dtype}")
+    return ", ".join(described) or "(no tensors)"
+
+
 def _exit_description(code: int | None) -> str:
     if code is None:
         return "did not exit"
@@ -491,6 +503,12 @@ class TargetWorker:
 
     Attributes:
         timeout_option: the option a timeout message names (``--timeout``).
+        timeouts_are_final: once a call of a path (``("chain",)``) has timed out, later calls
+            of that path raise :class:`TargetTimeout` at once, naming the call that hung, instead
+            of waiting out the timeout again (the property suite sets it: Hypothesis replays and
+            shrinks a failing example, and a verifier that hangs cost the timeout, 300 s by
+            default, on every attempt). The audit leaves it off: each case's first timeout
+            already ends that case's calls.
     """
 
     def __init__(self, spec: WorkerSpec, timeout_s: float | None = DEFAULT_TIMEOUT_S) -> None:
@@ -500,7 +518,9 @@ class TargetWorker:
         self._connection: Connection | None = None
         self._memory: SharedMemory | None = None
         self._written: dict[str, _Written] = {}
+        self._hung: dict[tuple[Any, ...], str] = {}
         self.timeout_option = "--timeout"
+        self.timeouts_are_final = False
 
     @property
     def name(self) -> str:
@@ -728,6 +748,12 @@ class TargetWorker:
             NotApplicable, InvalidInputError: as the target raised them.
             TargetRaised: any other exception of the target.
         """
+        if self.timeouts_are_final and path in self._hung:
+            raise TargetTimeout(
+                f"not called: {self._hung[path]}; a target that hung is not called again in this "
+                "run, so the example shown with this error was not run: the inputs named here hung",
+                worker_killed=True,
+            )
         self._ensure_running()
         assert self._connection is not None and self._process is not None
         positional, keywords, tensors, generators = self._lay_out(args, kwargs, argument_names)
@@ -747,11 +773,12 @@ class TargetWorker:
             raise
         if raw is None:
             self.kill()
-            raise TargetTimeout(
+            hung = (
                 f"the call of {self.name} ({'.'.join(map(str, path))}) did not return within "
-                f"{timeout_s:g} s ({self.timeout_option}); its worker process was killed",
-                worker_killed=True,
+                f"{timeout_s:g} s ({self.timeout_option})"
             )
+            self._hung[path] = f"{hung} on inputs {_describe_inputs(args, argument_names)}"
+            raise TargetTimeout(f"{hung}; its worker process was killed", worker_killed=True)
         try:
             status, payload, states = _read_reply(raw)
             result = _decode(payload) if status == "ok" else payload
