@@ -107,29 +107,40 @@ def _slow_verify(target: torch.Tensor, draft: torch.Tensor, ids: torch.Tensor,
 
 
 def test_time_budget_fits_a_slow_target_and_states_what_it_can_claim() -> None:
-    """A batch-1 target under a 6-second budget: the fit raises the design TV (said before
+    """A batch-1 target under a 2-second budget: the fit raises the design TV (said before
     sampling, with the warm-up's time), the run samples for at most the budget, and every
     statistical result reports the minimum detectable TV its samples reached. The target is
     LOSSLESS only when every assertion reached the claimed design; a cap the fit chose or a
     deadline that cut the sampling (this machine's speed decides) leaves it INCONCLUSIVE,
-    with the reasons in its record."""
+    with the reasons in its record; a warm-up that reached no case (a loaded machine, seen in
+    a fresh-clone tox run) claims nothing. The default design (TV 0.05, 19,109 rows on these
+    cases) cannot fit whatever the machine: at the target's top speed, 10,000 rows/s, it needs
+    1.9 s, above the 1.6 s the fit allows itself (FIT_FRACTION of 2 s); at 6 s it almost fit
+    on a fast machine (5 s needed, 4.8 s allowed)."""
     slow = Adapter("slow", "reference one row at a time", chain=_slow_verify)
-    config = RunConfig(cases=CASES, time_budget_s=6.0)
+    # The reference's first call loads its numba kernels: paid here, not in the 1 s warm-up.
+    half = torch.full((1, 2, 2), 0.5, dtype=torch.float64)
+    verify(half, half[:, :1], torch.zeros((1, 1), dtype=torch.int64), torch.Generator())
+    config = RunConfig(cases=CASES, time_budget_s=2.0)
     claims: list[str] = []
     began = time.perf_counter()
     result = run_audit([slow], config, announce=claims.append)
     elapsed = time.perf_counter() - began
-    assert len(claims) == 1 and claims[0].startswith("in 6 s, slow allows TV >= ")
-    fitted = result.config.tv
-    assert fitted > 0.05
+    assert len(claims) == 1 and claims[0].startswith("in 2 s, slow allows TV >= ")
     assert result.environment["time budget"] == claims[0]
     target = result.targets[0]
+    if " on 0 cases" in claims[0]:
+        # A loaded machine's warm-up may reach no case in its second: nothing is claimed.
+        assert "the warm-up had no time for them: v16-near-k4, v2-tilted, v8-far" in claims[0]
+        assert target.verdict is not TargetVerdict.LOSSLESS
+        return
+    assert result.config.tv > 0.05, claims
     shortfalls = design_shortfalls(target.checks, result.config)
     expected = TargetVerdict.INCONCLUSIVE if shortfalls else TargetVerdict.LOSSLESS
     assert target.verdict is expected
     sampling = sum(c.wall_time_s for c in target.checks if c.check_id == "structure")
-    assert sampling <= 6.0
-    assert elapsed <= 6.0 + 30.0
+    assert sampling <= 2.0
+    assert elapsed <= 2.0 + 30.0
     laws = [c for c in target.checks if c.check_id == "law" and c.kind is CheckKind.STATISTICAL]
     assert laws and all(c.min_detectable_tv > 0 for c in laws)
 
