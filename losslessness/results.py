@@ -582,7 +582,8 @@ def design_shortfalls(
         step cap, samples not drawn or fewer than planned (a time budget's deadline), cases
         dropped by the time budget, cases the target refused as not applicable without having
         declared it, whole engines that showed no speculation
-        (:data:`SPECULATION_NOT_SHOWN_PREFIX`).
+        (:data:`SPECULATION_NOT_SHOWN_PREFIX`), assertions that detect no TV distance
+        (:data:`VACUOUS_TV`).
     """
     if not checks:
         return ["no checks ran"]
@@ -631,7 +632,32 @@ def design_shortfalls(
             f"{len(unshown)} cases where the engine showed no speculation (no draft accepted, "
             "or no draft counters): " + ", ".join(unshown)
         )
+    blind = sorted({c.case_id for c in checks if _detects_nothing(c)})
+    if blind:
+        reasons.append(
+            f"{len(blind)} cases with assertions that detect no TV distance (minimum detectable "
+            f"TV >= {VACUOUS_TV:g}: too few steps for any claim): " + ", ".join(blind)
+        )
     return reasons
+
+
+VACUOUS_TV = 1.0
+"""A minimum detectable TV at or above this (TV is at most 1) claims nothing: an assertion that
+passed with it is a design shortfall, never a LOSSLESS verdict (the engines' night at the CPU
+nightly's default step multiplier stated "every assertion at TV >= 1.08")."""
+
+
+def _detects_nothing(check: CheckResult) -> bool:
+    """A statistical assertion that passed on samples whose design detects no TV distance
+    (a finite minimum detectable TV of at least :data:`VACUOUS_TV`; an infinite one is an
+    assertion with no LOSSY side, such as an acceptance bound of 1, see :func:`reached_tv`)."""
+    return (
+        check.kind is CheckKind.STATISTICAL
+        and check.verdict is Verdict.PASS
+        and check.n > 0
+        and math.isfinite(check.min_detectable_tv)
+        and check.min_detectable_tv >= VACUOUS_TV
+    )
 
 
 def reached_tv(checks: Sequence[CheckResult]) -> float | None:

@@ -10,6 +10,7 @@ The CLI runs here use one or two small cases (or a step cap), a second or two ea
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -102,6 +103,21 @@ def test_design_shortfalls_name_every_way_the_design_was_not_reached() -> None:
     assert design_shortfalls([_check()], dropped) == [
         "cases dropped by the time budget: v4096-flat"
     ]
+
+
+def test_an_assertion_that_detects_no_tv_distance_is_a_shortfall_never_lossless() -> None:
+    """A passing statistical assertion whose minimum detectable TV is 1 or more (TV is at most
+    1: its samples can detect nothing) leaves the target INCONCLUSIVE, naming the case; an
+    infinite one (an assertion with no LOSSY side, such as an acceptance bound of 1) and a
+    LOSSY one do not count, nor does an assertion just below 1."""
+    config = RunConfig()
+    blind = design_shortfalls([_check(), _check(min_tv=1.08)], config)
+    assert len(blind) == 1 and "detect no TV distance" in blind[0] and blind[0].endswith(": c")
+    assert design_shortfalls([_check(min_tv=1.0)], config) == blind
+    assert design_shortfalls([_check(min_tv=0.99)], config) == []
+    assert design_shortfalls([_check(min_tv=math.inf)], config) == []
+    assert design_shortfalls([_check(Verdict.LOSSY, min_tv=1.08)], config) == []
+    assert target_verdict([_check(min_tv=1.08)], shortfalls=blind) is TargetVerdict.INCONCLUSIVE
 
 
 @pytest.mark.parametrize(
