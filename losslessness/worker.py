@@ -160,15 +160,23 @@ class WorkerSpec:
     path: tuple[str, ...] = ()
 
 
-def _describe_inputs(args: Sequence[Any], names: Sequence[str]) -> str:
+def _named_arguments(
+    args: Sequence[Any], kwargs: dict[str, Any], names: Sequence[str]
+) -> list[tuple[str, Any]]:
+    """A call's arguments with their names: ``names`` for the positional ones (``argument i``
+    past them), then the keywords."""
+    return [(names[i] if i < len(names) else f"argument {i}", value)
+            for i, value in enumerate(args)] + list(kwargs.items())
+
+
+def _describe_inputs(named: Sequence[tuple[str, Any]]) -> str:
     """``target_probs [2, 4, 16] float64, ...``: the shapes and dtypes of a call's tensors (a
     hung call's inputs, named in the errors of the calls after it)."""
-    described = []
-    for index, value in enumerate(args):
-        name = names[index] if index < len(names) else f"argument {index}"
-        if isinstance(value, torch.Tensor):
-            dtype = str(value.dtype).removeprefix("torch.")
-            described.append(f"{name} {list(value.shape)} {dtype}")
+    described = [
+        f"{name} {list(value.shape)} {str(value.dtype).removeprefix('torch.')}"
+        for name, value in named
+        if isinstance(value, torch.Tensor)
+    ]
     return ", ".join(described) or "(no tensors)"
 
 
@@ -665,8 +673,7 @@ class TargetWorker:
     ) -> tuple[list[Any], dict[str, Any], list[_Placed], list[torch.Generator]]:
         """Encode a call's arguments: tensors into the block (copied unless already there),
         generators as their states, the rest as they are."""
-        named = [(argument_names[i] if i < len(argument_names) else f"argument {i}", value)
-                 for i, value in enumerate(args)] + list(kwargs.items())
+        named = _named_arguments(args, kwargs, argument_names)
         offsets: dict[str, int] = {}
         end = 0
         for key, value in named:
@@ -777,7 +784,8 @@ class TargetWorker:
                 f"the call of {self.name} ({'.'.join(map(str, path))}) did not return within "
                 f"{timeout_s:g} s ({self.timeout_option})"
             )
-            self._hung[path] = f"{hung} on inputs {_describe_inputs(args, argument_names)}"
+            inputs = _describe_inputs(_named_arguments(args, kwargs, argument_names))
+            self._hung[path] = f"{hung} on inputs {inputs}"
             raise TargetTimeout(f"{hung}; its worker process was killed", worker_killed=True)
         try:
             status, payload, states = _read_reply(raw)
