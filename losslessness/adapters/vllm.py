@@ -53,8 +53,10 @@ a real ``InputBatch`` of the requests (vLLM's ``SamplingMetadata``, built-in log
 per-request seeded generators). vLLM 0.33.0's findings there (that module's docstring): logit
 bias and min-p are dropped on draft positions (vLLM #42744, ``RejectionSampler.
 apply_logits_processors``), and the bonus position's ``MinTokensLogitsProcessor.apply`` counts
-only the committed output, not the accepted drafts. Model runner v2 has no serving verifier
-here yet.
+only the committed output, not the accepted drafts. The ``vllm-v2`` target's serving verifier,
+:class:`~losslessness.adapters.vllm_v2_serving.VllmV2Serving` (engine profile ``vllm-v2``), runs
+model runner v2's ``RejectionSampler`` on its own request state; it applies every processor on
+every position, bonus included.
 
 **Model runner v2** (``vllm/v1/worker/gpu/spec_decode/rejection_sampler_utils.py``, called by
 ``rejection_sampler.RejectionSampler._verify``): ``rejection_sample(target_logits,
@@ -101,6 +103,7 @@ from losslessness.adapters.engines import (
     version_note,
 )
 from losslessness.adapters.vllm_serving import V1_SERVING_MODULES, VllmV1Serving
+from losslessness.adapters.vllm_v2_serving import V2_SERVING_MODULES, VllmV2Serving
 from losslessness.protocol import (
     PLACEHOLDER,
     InvalidInputError,
@@ -636,17 +639,33 @@ def v2_adapter(name: str) -> Adapter:
         if supplied
         else ""
     )
-    sampler = VllmV2Sampler(
-        function, spec_utils.unconditional_to_conditional_rates, options, engine_device()
-    )
+    device = engine_device()
+    rates = spec_utils.unconditional_to_conditional_rates
+    sampler = VllmV2Sampler(function, rates, options, device)
+    serving = None
+    if options == SamplerOptions():
+        serving = VllmV2Serving(
+            {key: import_engine_module(VLLM, version, name)
+             for key, name in V2_SERVING_MODULES.items()},
+            device,
+        )
     return Adapter(
         name=name,
         description=f"{version_note(VLLM, version)} model runner v2 (v1.worker.gpu."
         f"spec_decode.rejection_sampler_utils.rejection_sample), {options.describe(v2=True)}; "
         f"{mode_description()}; target and draft as log p, log q at temperature 1; randomness "
-        f"from per-request seeds hashed in the kernels (not coupled, tested statistically){note}",
+        f"from per-request seeds hashed in the kernels (not coupled, tested statistically){note}"
+        + (
+            "; serving: RejectionSampler on model runner v2's own request state (RequestState, "
+            "Sampler with its sampling, bias, penalty and bad-words states, InputBatch from its "
+            "kernels)"
+            if serving is not None
+            else ""
+        ),
         chain=sampler,
         greedy=sampler.greedy,
+        serving=serving,
+        engine_profile=None if serving is None else VllmV2Serving.engine_profile,
         exclusions=exclusions,
         expected_verdict=expected,
         expected_reason=reason,

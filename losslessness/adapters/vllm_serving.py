@@ -27,12 +27,8 @@ requests with drafts, and runs vLLM's own code on it:
   (``predict_bonus_token=True``), the target rows through ``RejectionSampler.
   apply_logits_processors`` and ``apply_sampling_constraints``, then ``rejection_sample``.
 
-Under Triton's interpreter vLLM's Triton top-k/top-p kernel (``apply_top_k_top_p_triton``) fails
-(an ``InterpreterError``; :mod:`tests.adapters.test_engine_profiles`), so for the duration of a
-call on CPU ``vllm.v1.sample.ops.topk_topp_sampler.HAS_TRITON`` is False: vLLM then takes its
-PyTorch path, ``apply_top_k_top_p_pytorch``, the one it takes without Triton; the two paths
-differ only at tied logits (the ``vllm-v1`` profile's tie rules), a null event on the battery's
-continuous logits.
+Under Triton's interpreter the call runs inside :func:`on_cpu`: vLLM's PyTorch top-k/top-p path
+instead of its Triton kernel (which the interpreter cannot run), no pinned memory.
 
 What vLLM 0.33.0 does on the speculative path, row kind by row kind (the findings the serving
 audit measures; ``vllm/v1/sample/rejection_sampler.py``, ``RejectionSampler.forward`` and
@@ -64,7 +60,7 @@ from losslessness.adapters.base import seed_global_rng
 from losslessness.protocol import PLACEHOLDER, validate_serving_inputs
 from losslessness.requests import Request, UnsupportedRequest
 
-__all__ = ["V1_SERVING_MODULES", "VllmV1Serving", "vllm_sampling_params"]
+__all__ = ["V1_SERVING_MODULES", "VllmV1Serving", "on_cpu", "vllm_sampling_params"]
 
 V1_SERVING_MODULES = {
     "params": "vllm.sampling_params",
@@ -79,6 +75,38 @@ BLOCK_SIZE = 16
 """KV-cache block size given to ``InputBatch`` (its block table is never read here)."""
 
 _PATCH_LOCK = threading.Lock()
+
+
+@contextmanager
+def on_cpu(device: torch.device, patches: Sequence[tuple[Any, str, object]]) -> Iterator[None]:
+    """For the duration of a call under the interpreter (CPU tensors, no accelerator): the
+    attribute values of ``patches`` (``(object, name, value)``), and no pinned host memory
+    (``vllm.utils.torch_utils.PIN_MEMORY``, which each vLLM module imports by name, is False:
+    pinning needs an accelerator, and it only speeds host-to-device copies). Restored on exit,
+    under one lock (the attributes are process-wide). Nothing is changed on CUDA.
+
+    ``HAS_TRITON`` of ``vllm.v1.sample.ops.topk_topp_sampler`` is what both serving verifiers
+    patch: vLLM's Triton top-k/top-p kernel fails under Triton's interpreter (an
+    ``InterpreterError``; :mod:`tests.adapters.test_engine_profiles`), so vLLM takes its PyTorch
+    path, ``apply_top_k_top_p_pytorch``, the one it takes without Triton; the two paths differ
+    only at tied logits (the ``vllm-v1`` profile's tie rules), a null event on continuous logits.
+    """
+    if device.type != "cpu":
+        yield
+        return
+    patched = list(patches)
+    for name, module in list(sys.modules.items()):
+        if name.startswith("vllm") and getattr(module, "PIN_MEMORY", None) is True:
+            patched.append((module, "PIN_MEMORY", False))
+    with _PATCH_LOCK:
+        originals = [(target, name, getattr(target, name)) for target, name, _ in patched]
+        try:
+            for target, name, value in patched:
+                setattr(target, name, value)
+            yield
+        finally:
+            for target, name, value in originals:
+                setattr(target, name, value)
 
 
 def vllm_sampling_params(params_class: type, request: Request) -> Any:
@@ -202,31 +230,6 @@ class VllmV1Serving:
         spec.logits_indices = torch.arange(start, dtype=torch.int32, device=self.device)
         return spec
 
-    @contextmanager
-    def _on_cpu(self) -> Iterator[None]:
-        """Under the interpreter (CPU tensors, no accelerator): vLLM's PyTorch top-k/top-p
-        path (module docstring), and no pinned host memory (``vllm.utils.torch_utils.
-        PIN_MEMORY``, which each vLLM module imports by name, is False: pinning needs an
-        accelerator, and it only speeds host-to-device copies). Restored on exit."""
-        if self.device.type != "cpu":
-            yield
-            return
-        patched: list[tuple[ModuleType, str, object]] = [
-            (self.modules["topk_topp"], "HAS_TRITON", False)
-        ]
-        for name, module in list(sys.modules.items()):
-            if name.startswith("vllm") and getattr(module, "PIN_MEMORY", None) is True:
-                patched.append((module, "PIN_MEMORY", False))
-        with _PATCH_LOCK:
-            originals = [(module, name, getattr(module, name)) for module, name, _ in patched]
-            try:
-                for module, name, value in patched:
-                    setattr(module, name, value)
-                yield
-            finally:
-                for module, name, value in originals:
-                    setattr(module, name, value)
-
     def __call__(
         self,
         target_logits: torch.Tensor,
@@ -255,7 +258,8 @@ class VllmV1Serving:
             probs = probs.to(self.device, torch.float32).contiguous()
         seed = int(torch.randint(0, 2**62, (), generator=generator))
         devices = [self.device] if self.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices), self._on_cpu():
+        patches = [(self.modules["topk_topp"], "HAS_TRITON", False)]
+        with torch.random.fork_rng(devices=devices), on_cpu(self.device, patches):
             metadata = self._input_batch(requests, drafts, vocab)
             seed_global_rng(seed, self.device)
             output = self.sampler(spec, probs, logits.to(self.device).contiguous(), metadata)

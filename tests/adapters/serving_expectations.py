@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -147,6 +147,25 @@ def row_kinds(record: dict[str, Any]) -> dict[str, dict[tuple[str, str], RowKind
     return kinds
 
 
+def merged(
+    records: Iterable[dict[str, dict[tuple[str, str], RowKind]]],
+) -> dict[str, dict[tuple[str, str], RowKind]]:
+    """The row kinds of several records' :func:`row_kinds`, a target's kinds from every record
+    that audits it (one engine's serving cases may run in two audits at different n).
+
+    Raises:
+        ValueError: a row kind of one target in two records (which n would it be?).
+    """
+    kinds: dict[str, dict[tuple[str, str], RowKind]] = {}
+    for record in records:
+        for target, rows in record.items():
+            into = kinds.setdefault(target, {})
+            for key in rows.keys() & into.keys():
+                raise ValueError(f"{target} {key[0]}[{key[1]}] is in two records")
+            into.update(rows)
+    return kinds
+
+
 def surprises(
     kinds: dict[str, dict[tuple[str, str], RowKind]],
     expected: dict[str, dict[tuple[str, str], str]],
@@ -192,9 +211,7 @@ def table(kinds: dict[str, dict[tuple[str, str], RowKind]]) -> str:
 
 def main(argv: Sequence[str]) -> int:
     """Print the table of the records named in ``argv``; 1 on any surprise, else 0."""
-    kinds: dict[str, dict[tuple[str, str], RowKind]] = {}
-    for path in argv:
-        kinds.update(row_kinds(json.loads(Path(path).read_text())))
+    kinds = merged(row_kinds(json.loads(Path(path).read_text())) for path in argv)
     print(table(kinds))
     found = surprises(kinds, EXPECTED_LOSSY, MAY_BE_LOSSY, EXPECTED_IRREPRODUCIBLE)
     for line in found:

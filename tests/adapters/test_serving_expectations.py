@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.adapters.serving_expectations import row_kinds, surprises
+import pytest
+
+from tests.adapters.serving_expectations import merged, row_kinds, surprises
 
 EXPECTED = {"engine": {("case-a", "min-p"): "drops min-p on drafts"}}
 
@@ -70,3 +72,17 @@ def test_a_documented_broken_seed_contract_is_expected_and_a_kept_one_then_surpr
     assert surprises(row_kinds(kept), EXPECTED, None, irreproducible) == [
         "engine seed-contract[]: expected IRREPRODUCIBLE, got PASS"
     ]
+
+
+def test_records_of_one_target_merge_their_row_kinds_and_refuse_a_kind_twice() -> None:
+    """Two records auditing one target on different cases give the union of its row kinds (a
+    LOSSY unlisted kind from the second record still surprises); the same row kind in both
+    raises ValueError naming it."""
+    first = row_kinds(_record(_check("min-p", "LOSSY")))
+    second = _record(_check("top-k", "LOSSY"))
+    second["targets"][0]["checks"][0]["case_id"] = "case-b"
+    kinds = merged([first, row_kinds(second)])
+    assert set(kinds["engine"]) == {("case-a", "min-p"), ("case-b", "top-k")}
+    assert surprises(kinds, EXPECTED) == ["engine case-b[top-k]: expected PASS, got LOSSY"]
+    with pytest.raises(ValueError, match=r"case-a\[min-p\] is in two records"):
+        merged([first, row_kinds(_record(_check("min-p", "PASS")))])
