@@ -243,6 +243,39 @@ class GreedyCase(CaseShape):
         return _tensor_hash(self.case_id, self.target_logits, self.draft_token_ids)
 
 
+SERVING_TREE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16,
+                       "float64": torch.float64}
+"""The logits dtypes a serving tree case may give its verifier, by name."""
+
+
+@dataclass(frozen=True, eq=False)
+class ServingTree:
+    """What makes a :class:`TreeCase` a serving tree case: the raw logits its target tables
+    were processed from, the request every tree of the case carries, and the engine profile
+    that processed them (:func:`losslessness.batteries.serving_tree.serving_tree_case`).
+
+    Attributes:
+        request: every tree's request (its history is the history before the root).
+        profile: the engine profile whose law the case's target tables hold.
+        root_logits: ``[V]`` float64, the raw logits at the root, exactly as the verifier
+            receives them in :attr:`dtype`.
+        logit_table: ``[D, S, V]`` float64, the raw logits at a node of depth ``d >= 1`` with
+            token x: ``logit_table[d-1, row(x)]`` (the case's ``token_rows``), as received.
+        dtype: the name of the logits' dtype, a key of :data:`SERVING_TREE_DTYPES`.
+    """
+
+    request: Request
+    profile: str
+    root_logits: torch.Tensor
+    logit_table: torch.Tensor
+    dtype: str = "float32"
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        """The logits' torch dtype."""
+        return SERVING_TREE_DTYPES[self.dtype]
+
+
 @dataclass(frozen=True, eq=False)
 class TreeCase:
     """A tree-verifier case: one tree topology, a draft scheme and a Markov model for p and q.
@@ -271,6 +304,9 @@ class TreeCase:
             ``torch.float64`` or ``torch.float32``. The tables hold exactly the values the
             verifier receives (in float64; :func:`losslessness.batteries.tree.tree_case_in_dtype`
             rounds them), so the exact laws are computed from them.
+        serving: None for a tree case; for a serving tree case, the raw logits and request its
+            target tables were processed from (a serving tree verifier gets :meth:`logits`,
+            not the target tables).
 
     Raises:
         InvalidInputError: naming the field: a malformed tree, tables of the wrong shape or not
@@ -290,6 +326,7 @@ class TreeCase:
     tags: frozenset[str] = field(default_factory=frozenset)
     token_rows: torch.Tensor | None = None
     input_dtype: torch.dtype = torch.float64
+    serving: ServingTree | None = None
 
     def __post_init__(self) -> None:
         if self.input_dtype not in (torch.float64, torch.float32):
@@ -378,9 +415,17 @@ class TreeCase:
         """First 12 hex digits of a SHA-256 over the id, scheme, tree and exact tables."""
         rows = () if self.token_rows is None else (self.token_rows,)
         dtype = "" if self.input_dtype == torch.float64 else f"/{self.input_dtype}"
+        serving: tuple[torch.Tensor, ...] = ()
+        if self.serving is not None:
+            spec = self.serving
+            # The tables hold the profile's law: two profiles with the same law on the case
+            # give the same case.
+            dtype += f"/{spec.dtype}/{spec.request!r}"
+            serving = (spec.root_logits, spec.logit_table)
         return _tensor_hash(
             f"{self.case_id}/{self.draft_scheme}/{self.batch_size}{dtype}", self.parents_tensor,
             self.root_target, self.root_draft, self.target_table, self.draft_table, *rows,
+            *serving,
         )
 
     def table_rows(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -442,6 +487,29 @@ class TreeCase:
              self.draft_table.to(torch.float64)[depth_index, rows]], dim=1
         )
         return target.to(self.input_dtype), draft.to(self.input_dtype)
+
+    def logits(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """A serving tree verifier's ``target_logits`` for drafted trees.
+
+        Args:
+            token_ids: ``[B, N]`` int64, e.g. from :meth:`draw_trees`.
+
+        Returns:
+            ``[B, N+1, V]`` in :attr:`ServingTree.dtype`: row 0 the root's raw logits, row n
+            the logit table's row at node n's depth and token.
+
+        Raises:
+            ValueError: the case is not a serving tree case.
+        """
+        if self.serving is None:
+            raise ValueError(f"{self.case_id}: not a serving tree case (no raw logits)")
+        batch = token_ids.shape[0]
+        depth_index = (self.depths[1:] - 1).expand(batch, -1)
+        logits = torch.cat(
+            [self.serving.root_logits.expand(batch, 1, -1),
+             self.serving.logit_table[depth_index, self.table_rows(token_ids)]], dim=1
+        )
+        return logits.to(self.serving.torch_dtype)
 
 
 @dataclass(frozen=True, eq=False)

@@ -33,6 +33,13 @@ Serving chain verifier (a chain verifier as a serving engine calls it: raw logit
     verify(target_logits [B, k+1, V], draft_probs [B, k, V] | None, draft_token_ids [B, k],
            num_draft_tokens [B], requests: Sequence[Request], generator) -> [B, k+1] int64
 
+Serving tree verifier (a tree verifier as a serving engine calls it: raw logits at every node
+and one request per tree)::
+
+    verify_tree(target_logits [B, N+1, V], draft_probs [B, N+1, V], parents [B, N],
+                token_ids [B, N], draft_scheme: str, requests: Sequence[Request],
+                generator) -> TreeOutput
+
 Bad input raises :class:`InvalidInputError` (a ``ValueError``) whose message starts with the
 argument's name and says what was wrong.
 """
@@ -129,10 +136,10 @@ class GreedyVerifier(Protocol):
     ) -> torch.Tensor: ...
 
 
-PROTOCOLS = ("chain", "greedy", "tree", "greedy-tree", "serving")
+PROTOCOLS = ("chain", "greedy", "tree", "greedy-tree", "serving", "serving-tree")
 """The verifier protocols of this module a target may follow: :class:`ChainVerifier`,
 :class:`GreedyVerifier`, :class:`TreeVerifier`, :class:`GreedyTreeVerifier`,
-:class:`ServingVerifier` (a bare
+:class:`ServingVerifier`, :class:`ServingTreeVerifier` (a bare
 ``pkg.module:function`` target names its protocol, :func:`losslessness.targets.resolve_adapter`)."""
 
 
@@ -173,6 +180,44 @@ class ServingVerifier(Protocol):
         requests: Sequence[Request],
         generator: torch.Generator,
     ) -> torch.Tensor: ...
+
+
+@runtime_checkable
+class ServingTreeVerifier(Protocol):
+    """One tree verification step as a serving engine calls it: raw target logits at every
+    node, the drafted tree, and every tree's request (issue 21; docs/architecture.md, 'Serving
+    tree protocol').
+
+    Args:
+        target_logits: ``[B, N+1, V]`` float32, bfloat16 or float64 raw logits; row ``n`` is
+            the target at the context ending in node n (row 0: the root context).
+        draft_probs: ``[B, N+1, V]`` float, as for :class:`TreeVerifier` (row ``n``: the law
+            node n's children were drawn from).
+        parents: ``[B, N]`` int64, as for :class:`TreeVerifier`.
+        token_ids: ``[B, N]`` int64, as for :class:`TreeVerifier`.
+        draft_scheme: one of :data:`DRAFT_SCHEMES`.
+        requests: B :class:`~losslessness.requests.Request` objects, each tree's sampling
+            parameters and output history (the history before the root; a node's history adds
+            the tokens on its path).
+        generator: the only source of randomness.
+
+    Returns:
+        :class:`TreeOutput`. Lossless when, given the accepted path so far, the next emitted
+        token follows the engine profile's law (:mod:`losslessness.reference.profiles`) at the
+        path's last node, for the tree's request with the path appended to its history;
+        greedy requests exactly.
+    """
+
+    def __call__(
+        self,
+        target_logits: torch.Tensor,
+        draft_probs: torch.Tensor,
+        parents: torch.Tensor,
+        token_ids: torch.Tensor,
+        draft_scheme: str,
+        requests: Sequence[Request],
+        generator: torch.Generator,
+    ) -> TreeOutput: ...
 
 
 SERVING_LOGIT_DTYPES = (torch.float32, torch.bfloat16, torch.float64)
@@ -942,6 +987,17 @@ def validate_serving_inputs(
                     "draft_token_ids",
                     f"token {token} has draft probability 0, so it cannot have been drafted",
                 )
+    _validate_requests(requests, batch, vocab)
+    _require_generator(generator)
+    return batch, k, vocab
+
+
+def _validate_requests(requests: object, batch: int, vocab: int) -> None:
+    """``requests`` is a sequence of ``batch`` :class:`Request` naming tokens in ``[0, V)``.
+
+    Raises:
+        InvalidInputError: naming ``requests``.
+    """
     if isinstance(requests, (str, bytes)) or not isinstance(requests, Sequence):
         raise InvalidInputError(
             "requests", f"expected a sequence of Request, got {type(requests).__name__}"
@@ -957,8 +1013,61 @@ def validate_serving_inputs(
             request.check_vocabulary(vocab)
         except ValueError as error:
             raise InvalidInputError("requests", f"row {b}: {error}") from None
-    _require_generator(generator)
-    return batch, k, vocab
+
+
+def validate_serving_tree_inputs(
+    target_logits: object,
+    draft_probs: object,
+    parents: object,
+    token_ids: object,
+    draft_scheme: object,
+    requests: object,
+    generator: object = _NOT_GIVEN,
+) -> tuple[int, int, int]:
+    """Validate the arguments of a serving tree verifier call (:class:`ServingTreeVerifier`).
+
+    Args:
+        target_logits: ``[B, N+1, V]`` tensor of a dtype in :data:`SERVING_LOGIT_DTYPES`; no
+            NaN or ``+inf``; every row has a finite logit.
+        draft_probs, parents, token_ids, draft_scheme: as for :func:`validate_tree_inputs`.
+        requests: a sequence of B :class:`~losslessness.requests.Request` naming no token id
+            outside ``[0, V)``.
+        generator: must be a ``torch.Generator`` when given.
+
+    Returns:
+        ``(B, N, V)``.
+
+    Raises:
+        InvalidInputError: naming the argument: :func:`validate_tree_inputs`'s errors (the
+            target's named ``target_logits``), a logits dtype outside
+            :data:`SERVING_LOGIT_DTYPES`, NaN or ``+inf`` logits, a row with every logit
+            ``-inf``, or :func:`validate_serving_inputs`'s request errors.
+    """
+    logits = _require_tensor("target_logits", target_logits)
+    _require_rank("target_logits", logits, 3, "[B, N+1, V]")
+    if logits.dtype not in SERVING_LOGIT_DTYPES:
+        raise InvalidInputError(
+            "target_logits", f"expected float32, bfloat16 or float64, got {logits.dtype}"
+        )
+    if bool(torch.isnan(logits).any()):
+        raise InvalidInputError("target_logits", "contains NaN")
+    if bool((logits == float("inf")).any()):
+        raise InvalidInputError("target_logits", "contains +inf")
+    if logits.numel() and bool((logits == float("-inf")).all(dim=-1).any()):
+        raise InvalidInputError("target_logits", "a row has every logit -inf")
+    # The tree's structure, the drafts and the scheme are the tree protocol's: checked against
+    # the logits' softmax, a distribution of the same shape.
+    try:
+        batch, nodes, vocab = validate_tree_inputs(
+            torch.softmax(logits.to(torch.float64), dim=-1), draft_probs, parents, token_ids,
+            draft_scheme, generator,
+        )
+    except InvalidInputError as error:
+        if error.argument != "target_probs":
+            raise
+        raise InvalidInputError("target_logits", error.problem) from None
+    _validate_requests(requests, batch, vocab)
+    return batch, nodes, vocab
 
 
 def validate_serving_output(

@@ -64,13 +64,16 @@ def _as_adapter(name: str, loaded: object, greedy: bool, protocol: str = "chain"
         return built
     if protocol == "tree":
         return Adapter(name=name, description=f"{name} (tree protocol)", tree=loaded)
-    if protocol == "serving":
+    if protocol in ("serving", "serving-tree"):
         profile = getattr(loaded, "engine_profile", None)
         if profile is not None and not isinstance(profile, str):
             raise AdapterNotFound(f"{name}: engine_profile must be a profile name (str)")
+        serving = protocol == "serving"
         return Adapter(
-            name=name, description=f"{name} (serving protocol)", serving=loaded,
+            name=name, description=f"{name} ({protocol.replace('-', ' ')} protocol)",
             engine_profile=profile,
+            serving=loaded if serving else None,  # type: ignore[arg-type]
+            serving_tree=None if serving else loaded,  # type: ignore[arg-type]
         )
     if protocol == "greedy-tree":
         return Adapter(

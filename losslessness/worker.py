@@ -88,7 +88,7 @@ KILL_WAIT_S = 1.0
 _ALIGNMENT = 64
 """Byte alignment of every tensor in the shared-memory block (a cache line)."""
 
-VERIFIER_FIELDS = ("chain", "greedy", "tree", "greedy_tree", "serving")
+VERIFIER_FIELDS = ("chain", "greedy", "tree", "greedy_tree", "serving", "serving_tree")
 """The :class:`~losslessness.adapters.Adapter` fields that hold a verifier."""
 
 _INTEGER_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -860,6 +860,10 @@ _ARGUMENT_NAMES = {
     "greedy_tree": ("target_logits", "parents", "token_ids"),
     "serving": (
         "target_logits", "draft_probs", "draft_token_ids", "num_draft_tokens", "requests",
+        "generator",
+    ),
+    "serving_tree": (
+        "target_logits", "draft_probs", "parents", "token_ids", "draft_scheme", "requests",
         "generator",
     ),
 }

@@ -16,6 +16,7 @@ from losslessness.protocol import (
     GreedyTreeVerifier,
     GreedyVerifier,
     InvalidInputError,
+    ServingTreeVerifier,
     ServingVerifier,
     TreeVerifier,
 )
@@ -189,6 +190,8 @@ class Adapter:
         engine_profile: the name of the engine profile whose law the serving verifier claims
             (:mod:`losslessness.reference.profiles`), or None (the audit's
             ``--engine-profile`` then names it).
+        serving_tree: the serving tree verifier (raw logits at every node and a request per
+            tree), or None; it claims :attr:`engine_profile`'s law too.
     """
 
     name: str
@@ -203,13 +206,16 @@ class Adapter:
     expected_reason: str | None = None
     serving: ServingVerifier | None = None
     engine_profile: str | None = None
+    serving_tree: ServingTreeVerifier | None = None
 
     def __post_init__(self) -> None:
-        verifiers = (self.chain, self.greedy, self.tree, self.greedy_tree, self.serving)
+        verifiers = (
+            self.chain, self.greedy, self.tree, self.greedy_tree, self.serving, self.serving_tree
+        )
         if all(verifier is None for verifier in verifiers) and not self.end_to_end:
             raise ValueError(
-                f"adapter {self.name!r}: needs a chain, greedy, tree, greedy tree or serving "
-                "verifier, or an end-to-end target"
+                f"adapter {self.name!r}: needs a chain, greedy, tree, greedy tree, serving or "
+                "serving tree verifier, or an end-to-end target"
             )
         if (self.expected_verdict is None) != (self.expected_reason is None):
             raise ValueError(

@@ -73,7 +73,9 @@ def resolve_named_targets(
         return resolved
     named: list[Adapter | UnavailableTarget] = []
     for target in resolved:
-        if isinstance(target, Adapter) and target.serving is not None:
+        if isinstance(target, Adapter) and (
+            target.serving is not None or target.serving_tree is not None
+        ):
             if target.engine_profile not in (None, engine_profile):
                 raise click.UsageError(
                     f"--engine-profile: {engine_profile!r} contradicts the profile "
@@ -157,11 +159,13 @@ def report_console() -> Console:
 )
 @click.option(
     "--protocol",
-    type=click.Choice(["chain", "greedy", "serving"]),
+    type=click.Choice(["chain", "greedy", "serving", "serving-tree"]),
     default=None,
     help="The protocol pkg.module:callable targets follow (default chain; 'serving': raw "
     "logits, draft_probs or None, drafts, num_draft_tokens, requests, generator, audited on "
-    "the serving battery against its engine profile).",
+    "the serving battery against its engine profile; 'serving-tree': raw logits at every "
+    "node, draft_probs, parents, token_ids, draft_scheme, requests, generator, audited on the "
+    "serving tree battery built for its engine profile).",
 )
 @click.option(
     "--engine-profile",
@@ -204,7 +208,8 @@ def audit_command(
     verifier (reference) get the tree battery; --tree and --tree-greedy audit a function in the
     tree or greedy tree protocol (then no default target is added). --protocol serving audits
     functions in the serving protocol on the serving battery, against the engine profile
-    they name (an engine_profile attribute, or --engine-profile).
+    they name (an engine_profile attribute, or --engine-profile); --protocol serving-tree
+    audits functions in the serving tree protocol on the serving tree battery of that profile.
     """
     from reports import print_audit, write_json
     from reports.progress import progress_bar

@@ -17,6 +17,7 @@ from losslessness.batteries import (
     default_tree_battery,
 )
 from losslessness.batteries.case_file import read_case_file
+from losslessness.batteries.serving_tree import default_serving_tree_battery
 from losslessness.cases import ChainCase, ServingCase, TreeCase
 from losslessness.checks import ALL_CHECK_IDS
 from losslessness.targets import registered_adapters
@@ -34,6 +35,9 @@ ENGINE_DISTRIBUTIONS = {
 }
 """The PyPI distribution of the engine each built-in adapter module wraps (flashinfer's import
 name is ``flashinfer``, its distribution ``flashinfer-python``)."""
+
+LISTED_TREE_PROFILE = "vllm-v1"
+"""The engine profile the serving tree cases are listed as built for."""
 
 NOT_INSTALLED = "not installed"
 """What :func:`engine_version` says for an engine whose distribution is missing."""
@@ -134,6 +138,12 @@ def list_command(case_file: str | None) -> None:
         )
     for serving_case in default_serving_battery():
         cases.add_row(serving_case.case_id, "serving", serving_case.summary, serving_case.case_hash)
+    # Serving tree cases hold a profile's law: listed as built for LISTED_TREE_PROFILE (each
+    # serving tree target's profile builds its own; the summary names the profile).
+    for serving_tree in default_serving_tree_battery(LISTED_TREE_PROFILE):
+        cases.add_row(
+            serving_tree.case_id, "serving-tree", serving_tree.summary, serving_tree.case_hash
+        )
     console.print(cases)
     if case_file is not None:
         console.print(file_cases)

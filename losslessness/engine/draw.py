@@ -29,6 +29,8 @@ from losslessness.protocol import (
     GreedyTreeVerifier,
     GreedyVerifier,
     InvalidInputError,
+    ServingTreeVerifier,
+    TreeOutput,
     TreeVerifier,
     tree_depths,
 )
@@ -639,6 +641,46 @@ def sample_tree(
         calls=calls,
         steps_per_call=chunk,
     )
+
+
+class ServingTreeCall:
+    """A serving tree verifier called as a tree verifier on one serving tree case
+    (:attr:`~losslessness.cases.TreeCase.serving`): :func:`sample_tree` hands it the case's
+    processed target laws, and it calls the verifier with the raw logits of the drafted trees
+    (:meth:`~losslessness.cases.TreeCase.logits`) and the case's request for every tree.
+
+    Args:
+        verifier: the serving tree verifier
+            (:class:`~losslessness.protocol.ServingTreeVerifier`).
+        case: a serving tree case.
+
+    Raises:
+        ValueError: ``case`` is not a serving tree case.
+    """
+
+    def __init__(self, verifier: ServingTreeVerifier, case: TreeCase) -> None:
+        if case.serving is None:
+            raise ValueError(f"case: {case.case_id} is not a serving tree case")
+        self.verifier = verifier
+        self.case = case
+        self.request = case.serving.request
+
+    def __call__(
+        self,
+        target_probs: torch.Tensor,
+        draft_probs: torch.Tensor,
+        parents: torch.Tensor,
+        token_ids: torch.Tensor,
+        draft_scheme: str,
+        generator: torch.Generator,
+    ) -> TreeOutput:
+        """The verifier's output on the raw logits of ``token_ids``'s trees (``target_probs``,
+        the processed laws the checks use, is not passed on)."""
+        logits = self.case.logits(token_ids).contiguous()
+        requests = [self.request] * int(token_ids.shape[0])
+        return self.verifier(
+            logits, draft_probs, parents, token_ids, draft_scheme, requests, generator
+        )
 
 
 def sample_greedy_tree(

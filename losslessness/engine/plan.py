@@ -62,6 +62,10 @@ from losslessness.batteries import (
     default_tree_battery,
 )
 from losslessness.batteries.case_file import CaseFile, read_case_file
+from losslessness.batteries.serving_tree import (
+    SERVING_TREE_CASE_IDS,
+    default_serving_tree_battery,
+)
 from losslessness.batteries.tree import tree_case_in_dtype, tree_cases_at_vocab
 from losslessness.cases import ChainCase, GreedyCase, GreedyTreeCase, ServingCase, TreeCase
 from losslessness.checks import STATISTICAL_CHAIN_CHECK_IDS, count_statistical_assertions
@@ -583,6 +587,7 @@ def select_cases(
         reserved |= {case.case_id for case in default_tree_battery()}
         reserved |= {case.case_id for case in default_greedy_tree_battery()}
         reserved |= {case.case_id for case in default_serving_battery()}
+        reserved |= set(SERVING_TREE_CASE_IDS)
         file.check_reserved(reserved | e2e_names | {SEED_CONTRACT_CASE_ID})
         battery += file.chain_cases()
     chain = with_call_conditions(battery, config)
@@ -591,6 +596,7 @@ def select_cases(
         known |= {case.case_id for case in _tree_battery(config)}
         known |= {case.case_id for case in default_greedy_tree_battery()}
         known |= {case.case_id for case in _serving_battery(config)}
+        known |= set(SERVING_TREE_CASE_IDS)
         known.add(SEED_CONTRACT_CASE_ID)
         known |= e2e_names
         unknown = sorted(set(config.cases) - known)
@@ -677,6 +683,40 @@ def select_serving_cases(config: RunConfig) -> list[ServingCase]:
     if config.cases:
         cases = [case for case in cases if case.case_id in config.cases]
     if not any(config.selects(check_id) for check_id in SERVING_CHECK_IDS):
+        return []
+    return cases
+
+
+def select_serving_tree_cases(config: RunConfig, adapter: Adapter) -> list[TreeCase]:
+    """The serving tree battery built for ``adapter``'s engine profile
+    (:func:`~losslessness.batteries.serving_tree.default_serving_tree_battery`), its logits in
+    ``--dtype`` when given (float32 by default), ``--batch-size`` trees per call, that the run
+    covers (``config.cases`` and ``config.only``); unknown ids are :func:`select_cases`'s to
+    reject.
+
+    Raises:
+        ValueError: naming the target when it names no engine profile, or an unknown one.
+    """
+    if not adapter.engine_profile:
+        raise ValueError(
+            f"targets: {adapter.name} is a serving tree target without an engine profile: set "
+            "its engine_profile attribute or pass --engine-profile"
+        )
+    try:
+        cases = default_serving_tree_battery(adapter.engine_profile, config.dtype or "float32")
+    except ValueError as error:
+        raise ValueError(f"targets: {adapter.name}: {error}") from None
+    if config.batch_size is not None:
+        cases = [
+            dataclasses.replace(
+                case, summary=f"{case.summary} [B={config.batch_size}]",
+                batch_size=config.batch_size,
+            )
+            for case in cases
+        ]
+    if config.cases:
+        cases = [case for case in cases if case.case_id in config.cases]
+    if not any(config.selects(check_id) for check_id in TREE_CHECK_IDS):
         return []
     return cases
 
@@ -776,6 +816,21 @@ def plan_run(
     tree_targets = [adapter for adapter in adapters if adapter.tree is not None]
     if not tree_targets:
         tree = []
+    serving_trees = {
+        adapter.name: select_serving_tree_cases(config, adapter)
+        for adapter in adapters
+        if adapter.serving_tree is not None
+    }
+    serving_tree_cases: dict[str, TreeCase] = {}
+    for name, built in serving_trees.items():
+        for built_case in built:
+            known = serving_tree_cases.setdefault(built_case.case_id, built_case)
+            if known.case_hash != built_case.case_hash:
+                raise ValueError(
+                    f"targets: serving tree case {built_case.case_id} differs between the "
+                    f"engine profiles of the run's serving tree targets ({name}: "
+                    f"{built_case.summary}); audit targets of different profiles in separate runs"
+                )
     if tree and config.dtype == "bfloat16":
         raise ValueError(
             "dtype: bfloat16 is not taken by tree cases (a bfloat16 row misses the tree "
@@ -793,6 +848,11 @@ def plan_run(
     if selected_tree:
         n_assertions += len(tree_targets) * sum(
             tree_assertions(case).count(selected_tree) for case in tree
+        )
+        n_assertions += sum(
+            tree_assertions(case).count(selected_tree)
+            for cases in serving_trees.values()
+            for case in cases
         )
     if any(config.selects(c) for c in STATISTICAL_SERVING_CHECK_IDS):
         n_assertions += len(serving_targets) * sum(
@@ -823,7 +883,10 @@ def plan_run(
     share = SEQUENTIAL_ALPHA_SHARE if config.early_stop else 0.0
     chain_alpha = split_alpha(alpha, share).fixed
     case_plans = {case.case_id: _chain_case_plan(case, config, chain_alpha) for case in chain}
-    tree_plans = {case.case_id: _tree_case_plan(case, config, chain_alpha) for case in tree}
+    tree_plans = {
+        case.case_id: _tree_case_plan(case, config, chain_alpha)
+        for case in (*tree, *serving_tree_cases.values())
+    }
     e2e_plans: dict[str, list[EndToEndPlan]] = {}
     for adapter in adapters:
         if adapter.name in end_to_end:
@@ -860,6 +923,9 @@ def plan_run(
             for tree_case in tree:
                 steps = tree_plans[tree_case.case_id].n_steps
                 add(UnitKind.TREE, adapter.name, tree_case.case_id, 0, steps)
+        for serving_tree_case in serving_trees.get(adapter.name, []):
+            steps = tree_plans[serving_tree_case.case_id].n_steps
+            add(UnitKind.TREE, adapter.name, serving_tree_case.case_id, 0, steps)
         if adapter.greedy_tree is not None:
             for greedy_tree_case in greedy_tree:
                 add(UnitKind.GREEDY_TREE, adapter.name, greedy_tree_case.case_id)
@@ -907,7 +973,10 @@ def plan_run(
             if a.exclusions is not None or a.expected_verdict is not None
         ),
     )
-    return RunPlan(record, adapters, chain, greedy, e2e_plans, tree, greedy_tree, serving)
+    return RunPlan(
+        record, adapters, chain, greedy, e2e_plans, [*tree, *serving_tree_cases.values()],
+        greedy_tree, serving,
+    )
 
 
 DEVICE_CHECKS_MODULE = "losslessness.engine.device"

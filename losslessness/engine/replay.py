@@ -7,6 +7,7 @@ from __future__ import annotations
 import shlex
 from collections.abc import Mapping, Sequence
 
+from losslessness.batteries.serving_tree import SERVING_TREE_CASE_IDS
 from losslessness.checks.ids import (
     DEVICE_CHECK_IDS,
     GREEDY_CHECK_ID,
@@ -44,10 +45,12 @@ def replay_command(plan: PlanRecord, check: CheckResult, greedy: bool = False) -
         # A pkg.module:callable audited as a tree verifier is named by its option.
         option = "--tree-greedy" if check.check_id == TREE_GREEDY_CHECK_ID else "--tree"
         command = f"losslessness audit {option} {check.target}"
-    if check.check_id.startswith("serving.") and ":" in check.target:
-        # A pkg.module:callable serving target is named with its protocol and the profile
-        # its samples were checked against.
-        command = f"losslessness audit --protocol serving {check.target}"
+    serving_tree = check.case_id in SERVING_TREE_CASE_IDS
+    if (check.check_id.startswith("serving.") or serving_tree) and ":" in check.target:
+        # A pkg.module:callable serving (tree) target is named with its protocol and the
+        # profile its samples were checked against.
+        protocol = "serving-tree" if serving_tree else "serving"
+        command = f"losslessness audit --protocol {protocol} {check.target}"
         if check.details.get("engine_profile"):
             command += f" --engine-profile {check.details['engine_profile']}"
     command += f" --seed {config.seed} --case {check.case_id} --only {check.check_id}"

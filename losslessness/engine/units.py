@@ -33,6 +33,7 @@ from losslessness.checks.tree_greedy import check_tree_greedy
 from losslessness.checks.tree_sequential import TreeMonitor
 from losslessness.engine.draw import (
     ProtocolViolation,
+    ServingTreeCall,
     sample_greedy,
     sample_greedy_tree,
     sample_tree,
@@ -56,6 +57,7 @@ from losslessness.engine.state import (
     record_target_error,
     untested_results,
 )
+from losslessness.protocol import TreeVerifier
 from losslessness.reference.profiles import get_profile
 from losslessness.requests import UnsupportedRequest
 from losslessness.results import CheckContext, CheckResult, Verdict
@@ -158,7 +160,6 @@ def _run_greedy_unit(state: ShardState, unit: Unit, record: UnitRecord) -> None:
 def _run_tree_unit(state: ShardState, unit: Unit, record: UnitRecord) -> None:
     plan = state.plan
     adapter = plan.adapter(unit.target)
-    assert adapter.tree is not None
     case = next(case for case in plan.tree_cases if case.case_id == unit.case_id)
     grid = plan.record.tree_cases[unit.case_id]
     context = check_context(
@@ -188,7 +189,10 @@ def _run_tree_unit(state: ShardState, unit: Unit, record: UnitRecord) -> None:
         out_of_time = _past_deadline(state)
         return out_of_time
 
-    verifier = adapter.tree
+    verifier: TreeVerifier | None = adapter.tree
+    if case.serving is not None:
+        assert adapter.serving_tree is not None
+        verifier = ServingTreeCall(adapter.serving_tree, case)
     assert verifier is not None
     drawn = _blamed_draw(
         state, record, context, selected, TREE_STRUCTURE_CHECK_ID,
@@ -215,6 +219,8 @@ def _run_tree_unit(state: ShardState, unit: Unit, record: UnitRecord) -> None:
         "needed_steps": grid.needed_steps,
         "planned_steps": grid.n_steps,
     }
+    if case.serving is not None:
+        details["engine_profile"] = case.serving.profile
     reason = None
     if monitor is not None:
         if monitor.decision is not None:

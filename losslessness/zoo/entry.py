@@ -13,6 +13,7 @@ from losslessness.protocol import (
     ChainVerifier,
     GreedyTreeVerifier,
     GreedyVerifier,
+    ServingTreeVerifier,
     ServingVerifier,
     TreeVerifier,
 )
@@ -23,7 +24,10 @@ MUTANT_PREFIX = "mutant/"
 ZooCase = ChainCase | GreedyCase | TreeCase | GreedyTreeCase | ServingCase
 """A case on which a mutant's mechanism acts, in the mutant's protocol."""
 
-ZooVerifier = ChainVerifier | GreedyVerifier | TreeVerifier | GreedyTreeVerifier | ServingVerifier
+ZooVerifier = (
+    ChainVerifier | GreedyVerifier | TreeVerifier | GreedyTreeVerifier | ServingVerifier
+    | ServingTreeVerifier
+)
 """A mutant's verifier, in one of the protocols of :mod:`losslessness.protocol`."""
 
 
@@ -35,18 +39,20 @@ class Mutant:
     Attributes:
         name: kebab-case, unique (``residual-clamped-1e-5``; tree entries ``tree-<name>``).
         verifier: the verifier function, in ``protocol``.
-        protocol: ``chain``, ``greedy``, ``tree``, ``greedy-tree`` or ``serving``
-            (:data:`losslessness.protocol.PROTOCOLS`).
+        protocol: ``chain``, ``greedy``, ``tree``, ``greedy-tree``, ``serving`` or
+            ``serving-tree`` (:data:`losslessness.protocol.PROTOCOLS`).
         lossy: False for the lossless controls.
         mechanism: one line: what is wrong (for a control: why it is still lossless).
         source: URL of the bug report, PR, issue or code the mechanism comes from.
         build_case: builds :attr:`case` (deterministic: the same tensors on every machine).
-        engine_profile: the engine profile a ``serving`` entry claims, else None.
+        engine_profile: the engine profile a ``serving`` or ``serving-tree`` entry claims,
+            else None.
         irreproducible: a ``serving`` entry whose seeded rows change with their batch (its law
             is right: ``lossy`` is False, and the audit's verdict is IRREPRODUCIBLE).
 
     Raises:
-        ValueError: naming ``protocol``, when it is not one of the four.
+        ValueError: naming ``protocol``, when it is not one of
+            :data:`~losslessness.protocol.PROTOCOLS`.
     """
 
     name: str
@@ -90,5 +96,8 @@ class Mutant:
                 self.verifier if self.protocol == "greedy-tree" else None  # type: ignore[arg-type]
             ),
             serving=self.verifier if self.protocol == "serving" else None,  # type: ignore[arg-type]
+            serving_tree=(
+                self.verifier if self.protocol == "serving-tree" else None  # type: ignore[arg-type]
+            ),
             engine_profile=self.engine_profile,
         )

@@ -15,6 +15,7 @@ from losslessness.zoo.chain import CHAIN_ZOO, PRECISION_ZOO
 from losslessness.zoo.entry import MUTANT_PREFIX, Mutant
 from losslessness.zoo.seeds import seed_zoo
 from losslessness.zoo.serving import serving_zoo
+from losslessness.zoo.serving_tree import serving_tree_zoo
 from losslessness.zoo.tree import TREE_ZOO
 
 
@@ -44,9 +45,12 @@ PRECISION_MUTANTS: Mapping[str, Mutant] = _by_name(PRECISION_ZOO)
 resolves them too."""
 
 
-SERVING_MUTANTS: Mapping[str, Mutant] = _by_name((*serving_zoo(), *seed_zoo()))
-"""The serving entries (:mod:`losslessness.zoo.serving`, and the seed-contract mutants of
-:mod:`losslessness.zoo.seeds`) by name, for the profile
+SERVING_MUTANTS: Mapping[str, Mutant] = _by_name(
+    (*serving_zoo(), *seed_zoo(), *serving_tree_zoo())
+)
+"""The serving entries (:mod:`losslessness.zoo.serving`, the seed-contract mutants of
+:mod:`losslessness.zoo.seeds` and the serving tree entries of
+:mod:`losslessness.zoo.serving_tree`) by name, for the profile
 :data:`~losslessness.zoo.serving.ZOO_PROFILE`: kept out of :data:`MUTANTS`, whose lossy
 entries the default audit (which has no serving battery) must each catch; ``mutant/<name>``
 resolves them too."""

@@ -73,7 +73,7 @@ def test_adapter_needs_a_verifier() -> None:
     """An Adapter without any verifier is rejected."""
     with pytest.raises(
         ValueError,
-        match="needs a chain, greedy, tree, greedy tree or serving verifier, or an end-to-end "
-        "target",
+        match="needs a chain, greedy, tree, greedy tree, serving or serving tree verifier, or an "
+        "end-to-end target",
     ):
         Adapter(name="empty", description="")

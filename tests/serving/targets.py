@@ -9,6 +9,7 @@ import dataclasses
 import torch
 
 from losslessness.reference.serving import ServingReference
+from losslessness.reference.serving_tree import ServingTreeReference
 from losslessness.requests import Request
 from tests.serving.profile import PROFILE_NAME, small_profile
 
@@ -117,3 +118,8 @@ def drops_the_last_column(
 
 
 drops_the_last_column.engine_profile = PROFILE_NAME  # type: ignore[attr-defined]
+
+
+tree_reference = ServingTreeReference(small_profile())
+tree_reference.engine_profile = PROFILE_NAME
+"""The reference serving tree verifier on the test profile (``--protocol serving-tree``)."""

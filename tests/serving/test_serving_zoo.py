@@ -57,12 +57,14 @@ def test_serving_control_is_lossless(name: str) -> None:
 
 
 def test_serving_entries_resolve_as_mutant_names_and_cite_their_bugs() -> None:
-    """Every registered serving entry resolves as ``mutant/<name>``, in the serving protocol,
-    claiming the zoo's profile, with a source URL."""
+    """Every registered serving entry resolves as ``mutant/<name>``, in its protocol's slot
+    (serving, or serving tree for ``serving-tree-*``), claiming the zoo's profile, with a
+    source URL."""
     assert set(CATCHING_ROWS) <= set(SERVING_MUTANTS)
     for name, entry in SERVING_MUTANTS.items():
         adapter = mutant(f"mutant/{name}").adapter
-        assert adapter.serving is not None and adapter.engine_profile == entry.engine_profile
+        slot = adapter.serving if entry.protocol == "serving" else adapter.serving_tree
+        assert slot is not None and adapter.engine_profile == entry.engine_profile
         assert entry.source.startswith("https://")
     assert all(e.engine_profile == PROFILE_NAME for e in serving_zoo(PROFILE_NAME))
 
@@ -72,8 +74,9 @@ def test_serving_entries_resolve_as_mutant_names_and_cite_their_bugs() -> None:
 def test_registered_serving_entry_gets_its_declared_verdict_on_the_vllm_v1_profile(
     name: str,
 ) -> None:
-    """The registered entries (``mutant/serving-<name>``, on the vLLM v1 profile): the lossy
-    ones LOSSY, the controls LOSSLESS, on their cases (10-25 s each on 2 cores)."""
+    """The registered entries (``mutant/serving-<name>`` and ``mutant/serving-tree-<name>``, on
+    the vLLM v1 profile): the lossy ones LOSSY, the controls LOSSLESS, on their cases (10-25 s
+    each on 2 cores)."""
     entry = SERVING_MUTANTS[name]
     result = run_audit(
         [entry.adapter], RunConfig(cases=(entry.case.case_id,), steps=STEPS)  # type: ignore[union-attr]

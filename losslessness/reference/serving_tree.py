@@ -1,0 +1,111 @@
+"""The reference serving tree verifier (issue 21): tree speculative sampling on an engine
+profile's law at every node (:class:`~losslessness.protocol.ServingTreeVerifier`).
+
+At node n of tree b the target law is ``profile.law(target_logits[b, n], requests[b],
+history)``, the history being the request's output followed by the tokens on the path from
+the root to n; then :func:`losslessness.reference.tree.verify_tree` (Leviathan et al. 2022,
+Alg. 1 and its multi-draft extension; Chen et al. 2023) verifies the tree on those laws. A
+verifier that processes each node's logits as the engine's non-speculative sampler does and
+verifies with a lossless tree rule is lossless for the engine's law.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from losslessness.protocol import TreeOutput, validate_serving_tree_inputs
+from losslessness.reference.profiles import EngineProfile, get_profile
+from losslessness.reference.tree import verify_tree
+from losslessness.requests import Request
+
+__all__ = ["ServingTreeReference", "path_histories"]
+
+
+def path_histories(parents: torch.Tensor, token_ids: torch.Tensor) -> list[list[list[int]]]:
+    """The tokens on the path from the root to every node.
+
+    Args:
+        parents: ``[B, N]`` int64, ``parents[b, j] < j + 1``.
+        token_ids: ``[B, N]`` int64.
+
+    Returns:
+        ``paths[b][n]``: node n's path tokens (``[]`` for the root), for n in ``0..N``.
+    """
+    paths = []
+    for b in range(parents.shape[0]):
+        tree: list[list[int]] = [[]]
+        for j in range(parents.shape[1]):
+            tree.append(tree[int(parents[b, j])] + [int(token_ids[b, j])])
+        paths.append(tree)
+    return paths
+
+
+class ServingTreeReference:
+    """Tree speculative sampling on ``profile``'s law at every node (module docstring).
+
+    Args:
+        profile: the engine's non-speculative law, or its registered name (looked up on the
+            first call).
+
+    Subclasses in the zoo override :meth:`target_law` to reproduce an engine's bug.
+    """
+
+    def __init__(self, profile: EngineProfile | str) -> None:
+        self._profile = profile
+        self.engine_profile = profile if isinstance(profile, str) else profile.name
+        """The profile whose law the verifier claims."""
+        self.__name__ = self.__qualname__ = f"{type(self).__name__}[{self.engine_profile}]"
+
+    @property
+    def profile(self) -> EngineProfile:
+        """The engine profile (resolved from its name on first use).
+
+        Raises:
+            ValueError: no profile of that name is registered.
+        """
+        if isinstance(self._profile, str):
+            self._profile = get_profile(self._profile)
+        return self._profile
+
+    def target_law(
+        self, logits: torch.Tensor, request: Request, history: list[int], depth: int
+    ) -> torch.Tensor:
+        """p' at one node of depth ``depth``: the profile's law, ``[V]`` float64."""
+        return self.profile.law(logits, request, history)
+
+    def __call__(
+        self,
+        target_logits: torch.Tensor,
+        draft_probs: torch.Tensor,
+        parents: torch.Tensor,
+        token_ids: torch.Tensor,
+        draft_scheme: str,
+        requests: Sequence[Request],
+        generator: torch.Generator,
+    ) -> TreeOutput:
+        """One verification step per tree (serving tree protocol).
+
+        Raises:
+            InvalidInputError: see :func:`losslessness.protocol.validate_serving_tree_inputs`.
+            UnsupportedRequest: a request field the profile does not implement.
+            NoTokenLeft: a node where the request's masks leave no token.
+        """
+        validate_serving_tree_inputs(
+            target_logits, draft_probs, parents, token_ids, draft_scheme, requests, generator
+        )
+        logits = target_logits.to(torch.float64)
+        paths = path_histories(parents, token_ids)
+        probs = torch.stack([
+            torch.stack([
+                self.target_law(
+                    logits[b, n], request, [*request.output_token_ids, *path], len(path)
+                )
+                for n, path in enumerate(paths[b])
+            ])
+            for b, request in enumerate(requests)
+        ])
+        return verify_tree(
+            probs, draft_probs.to(torch.float64), parents, token_ids, draft_scheme, generator
+        )
