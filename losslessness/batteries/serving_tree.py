@@ -13,8 +13,9 @@ The tree checks pool nodes by depth and token (a Markov tree), so a request's la
 read its history only through the history's length: temperature, top-k, top-p, min-p, logit
 bias, allowed and bad ids, ``min_tokens`` (its boundary falls at a depth) and greedy rows.
 Penalties read the tokens on the path; the serving chain battery covers them
-(:mod:`losslessness.batteries.serving`). Every tree of one call carries the case's request:
-mixed batches are the chain battery's too.
+(:mod:`losslessness.batteries.serving`). The draft schemes are iid, without replacement and
+top-k (EAGLE's and SGLang's trees, whose siblings are the draft's top tokens). Every tree of
+one call carries the case's request: mixed batches are the chain battery's too.
 """
 
 from __future__ import annotations
@@ -177,6 +178,8 @@ _KINDS: tuple[tuple[str, str, tuple[int, ...], str, Request, int], ...] = (
      "(their logits +2.5 everywhere)", _DEEP, "iid",
      Request(min_tokens=2, stop_token_ids=(0, 1), output_token_ids=(3,)), 4),
     ("stree-greedy", "greedy", _WIDE, "without-replacement", Request(temperature=0.0), _V),
+    ("stree-eagle-top-p", "T 0.9 top-p 0.8 on an EAGLE tree (siblings: the draft's top tokens)",
+     _WIDE, "top-k", Request(temperature=0.9, top_p=0.8), _V),
 )
 """``(case id, request summary, tree, draft scheme, request, V)`` of each small case; the
 ``min_tokens`` case has V = 4, so that the tree checks' classes of nodes past the boundary
