@@ -8,6 +8,8 @@ available to every pytest run::
            [--losslessness-profile=ci] [--losslessness-timeout=SECONDS]
     pytest --losslessness-target=pkg.module:verify --losslessness-protocol=serving
            [--losslessness-engine-profile=NAME]
+    pytest --losslessness-target=pkg.module:verify_tree --losslessness-protocol=serving-tree
+           [--losslessness-engine-profile=NAME]
 
 With ``--losslessness-target`` or ``--losslessness-greedy`` the chain and greedy test modules
 (:mod:`losslessness.suite`) join the collection, with ``--losslessness-tree`` or
@@ -15,7 +17,9 @@ With ``--losslessness-target`` or ``--losslessness-greedy`` the chain and greedy
 ``--losslessness-target`` is a serving verifier (the serving protocol of
 :mod:`losslessness.protocol`) and the serving module joins instead of the chain module, its
 law the engine profile named by ``--losslessness-engine-profile`` or the function's
-``engine_profile`` attribute; without any target, the plugin does nothing. A tree
+``engine_profile`` attribute; with ``--losslessness-protocol=serving-tree`` it is a serving
+tree verifier and the serving tree module joins (the tree suite's properties on the profile's
+law); without any target, the plugin does nothing. A tree
 target is a tree verifier function, an :class:`~losslessness.adapters.Adapter` (its ``tree``
 or ``greedy_tree``), a registered adapter name or ``mutant/tree-<name>``. Targets resolve like
 ``losslessness audit`` targets (registered adapter names work too) and run where the audit runs
@@ -40,6 +44,7 @@ if TYPE_CHECKING:
     from losslessness.protocol import (
         GreedyTreeVerifier,
         GreedyVerifier,
+        ServingTreeVerifier,
         ServingVerifier,
         TreeVerifier,
     )
@@ -52,7 +57,10 @@ TREE_SUITE_MODULES = ("test_tree.py",)
 """Modules collected with ``--losslessness-tree`` or ``--losslessness-tree-greedy``."""
 SERVING_SUITE_MODULES = ("test_serving.py",)
 """Modules collected with ``--losslessness-target`` and ``--losslessness-protocol=serving``."""
-SUITE_PROTOCOLS = ("chain", "serving")
+SERVING_TREE_SUITE_MODULES = ("test_serving_tree.py",)
+"""Modules collected with ``--losslessness-target`` and
+``--losslessness-protocol=serving-tree``."""
+SUITE_PROTOCOLS = ("chain", "serving", "serving-tree")
 """The protocols ``--losslessness-protocol`` names for ``--losslessness-target``."""
 
 
@@ -143,6 +151,8 @@ class SuiteTarget:
         if self.chain_name is not None:
             if self.protocol == "serving":
                 self.serving()
+            elif self.protocol == "serving-tree":
+                self.serving_tree()
             else:
                 self.chain()
         if self.greedy_name is not None:
@@ -191,14 +201,34 @@ class SuiteTarget:
                 ``--losslessness-engine-profile`` and no ``engine_profile`` attribute), an
                 unknown profile, or an option that contradicts the function's attribute.
         """
+        adapter, profile = self._serving_adapter("serving")
+        assert adapter.serving is not None
+        return adapter.serving, profile
+
+    def serving_tree(self) -> tuple[ServingTreeVerifier, EngineProfile]:
+        """The serving tree verifier and the engine profile it claims (skips the test without
+        a serving tree target).
+
+        Raises:
+            pytest.UsageError: as :meth:`serving`'s, for the serving tree verifier.
+        """
+        adapter, profile = self._serving_adapter("serving-tree")
+        assert adapter.serving_tree is not None
+        return adapter.serving_tree, profile
+
+    def _serving_adapter(self, protocol: str) -> tuple[Adapter, EngineProfile]:
+        """The ``--losslessness-target`` adapter in ``protocol`` and its engine profile."""
         from losslessness.reference.profiles import get_profile
 
         option = "--losslessness-target"
-        if self.chain_name is None or self.protocol != "serving":
-            pytest.skip(f"no {option} with --losslessness-protocol=serving given")
-        adapter = self._load(self.chain_name, "serving", option)
-        if adapter.serving is None:
-            raise pytest.UsageError(f"{option}={self.chain_name}: has no serving verifier")
+        if self.chain_name is None or self.protocol != protocol:
+            pytest.skip(f"no {option} with --losslessness-protocol={protocol} given")
+        adapter = self._load(self.chain_name, protocol, option)
+        verifier = adapter.serving if protocol == "serving" else adapter.serving_tree
+        if verifier is None:
+            raise pytest.UsageError(
+                f"{option}={self.chain_name}: has no {protocol.replace('-', ' ')} verifier"
+            )
         claimed = adapter.engine_profile
         if self.engine_profile is not None and claimed not in (None, self.engine_profile):
             raise pytest.UsageError(
@@ -215,7 +245,7 @@ class SuiteTarget:
             profile = get_profile(name)
         except ValueError as error:
             raise pytest.UsageError(f"--losslessness-engine-profile={name}: {error}") from error
-        return adapter.serving, profile
+        return adapter, profile
 
     def replay(self, test_name: str) -> str:
         """One command line that reruns ``test_name`` on the same targets and profile."""
@@ -277,8 +307,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--losslessness-protocol",
         choices=SUITE_PROTOCOLS,
         default="chain",
-        help="the protocol of --losslessness-target: chain (default) or serving (raw logits, "
-        "per-row requests; the serving suite checks it against its engine profile)",
+        help="the protocol of --losslessness-target: chain (default), serving (raw logits, "
+        "per-row requests; the serving suite checks it against its engine profile) or "
+        "serving-tree (raw logits at every node, a request per tree; the tree suite's "
+        "properties on its engine profile's law)",
     )
     group.addoption(
         "--losslessness-engine-profile",
@@ -311,12 +343,14 @@ def pytest_configure(config: pytest.Config) -> None:
 
     configure_profile(config)
     modules: list[str] = []
-    serving = config.getoption("losslessness_protocol") == "serving"
+    protocol = config.getoption("losslessness_protocol")
     target = config.getoption("losslessness_target")
-    if (target and not serving) or config.getoption("losslessness_greedy"):
+    if (target and protocol == "chain") or config.getoption("losslessness_greedy"):
         modules += SUITE_MODULES
-    if target and serving:
+    if target and protocol == "serving":
         modules += SERVING_SUITE_MODULES
+    if target and protocol == "serving-tree":
+        modules += SERVING_TREE_SUITE_MODULES
     if config.getoption("losslessness_tree") or config.getoption("losslessness_tree_greedy"):
         modules += TREE_SUITE_MODULES
     for module in modules:

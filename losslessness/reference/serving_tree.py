@@ -95,17 +95,26 @@ class ServingTreeReference:
         validate_serving_tree_inputs(
             target_logits, draft_probs, parents, token_ids, draft_scheme, requests, generator
         )
-        logits = target_logits.to(torch.float64)
+        # The profiles compute on CPU; so does the verification here.
+        logits = target_logits.detach().to("cpu", torch.float64)
+        parents, token_ids = parents.cpu(), token_ids.cpu()
         paths = path_histories(parents, token_ids)
+        # The law is a function of (logits, request, history, depth): nodes of the call that
+        # repeat all four (the root of every tree of one request, above all) are computed once.
+        laws: dict[tuple[bytes, Request, tuple[int, ...]], torch.Tensor] = {}
+
+        def law(row: torch.Tensor, request: Request, path: list[int]) -> torch.Tensor:
+            history = (*request.output_token_ids, *path)
+            key = (row.numpy().tobytes(), request, history)
+            if key not in laws:
+                laws[key] = self.target_law(row, request, list(history), len(path))
+            return laws[key]
+
         probs = torch.stack([
-            torch.stack([
-                self.target_law(
-                    logits[b, n], request, [*request.output_token_ids, *path], len(path)
-                )
-                for n, path in enumerate(paths[b])
-            ])
+            torch.stack([law(logits[b, n], request, path) for n, path in enumerate(paths[b])])
             for b, request in enumerate(requests)
         ])
         return verify_tree(
-            probs, draft_probs.to(torch.float64), parents, token_ids, draft_scheme, generator
+            probs, draft_probs.detach().to("cpu", torch.float64), parents, token_ids,
+            draft_scheme, generator,
         )

@@ -184,12 +184,17 @@ SERVING_WITNESS_EXAMPLES = 2
 """Explicit cases the serving test runs besides the generated ones
 (:data:`losslessness.suite.serving_support.SERVING_WITNESSES`), whatever the profile."""
 
+SERVING_TREE_WITNESS_EXAMPLES = 3
+"""Explicit cases the serving tree test runs besides the generated ones
+(:data:`losslessness.suite.tree_support.SERVING_TREE_WITNESSES`), whatever the profile."""
+
 SUITE_ASSERTIONS_PER_EXAMPLE = TREE_ASSERTIONS_PER_EXAMPLE + max(
-    CHAIN_ASSERTIONS_PER_EXAMPLE, SERVING_ASSERTIONS_PER_EXAMPLE
+    CHAIN_ASSERTIONS_PER_EXAMPLE, SERVING_ASSERTIONS_PER_EXAMPLE, TREE_ASSERTIONS_PER_EXAMPLE
 )
 """Statistical assertions of one example of every statistical suite test one run can collect:
-the tree test, and the chain or the serving test (``--losslessness-protocol`` makes
-``--losslessness-target`` one or the other, never both). The union bound splits
+the tree test, and the chain, the serving or the serving tree test (``--losslessness-protocol``
+makes ``--losslessness-target`` one of them, never two; the serving tree test makes the tree
+test's assertions). The union bound splits
 :data:`SUITE_FAMILY_WISE_ALPHA` over ``max_examples`` times this, whichever targets a run
 names, so a run with several targets stays within the budget."""
 
@@ -202,10 +207,11 @@ class SuiteBudget:
         profile: the settings profile's name.
         max_examples: generated examples per test.
         assertions: ``max_examples * SUITE_ASSERTIONS_PER_EXAMPLE`` (the tree test and
-            the chain or serving test) plus ``TREE_WITNESS_EXAMPLES *
-            TREE_ASSERTIONS_PER_EXAMPLE`` and the larger of ``len(CHAIN_WITNESS_CASES) *
-            CHAIN_ASSERTIONS_PER_EXAMPLE`` and ``SERVING_WITNESS_EXAMPLES *
-            SERVING_ASSERTIONS_PER_EXAMPLE`` (the explicit examples).
+            the chain, serving or serving tree test) plus ``TREE_WITNESS_EXAMPLES *
+            TREE_ASSERTIONS_PER_EXAMPLE`` and the largest of ``len(CHAIN_WITNESS_CASES) *
+            CHAIN_ASSERTIONS_PER_EXAMPLE``, ``SERVING_WITNESS_EXAMPLES *
+            SERVING_ASSERTIONS_PER_EXAMPLE`` and ``SERVING_TREE_WITNESS_EXAMPLES *
+            TREE_ASSERTIONS_PER_EXAMPLE`` (the explicit examples).
         per_assertion_alpha: ``SUITE_FAMILY_WISE_ALPHA / assertions`` (Bonferroni).
     """
 
@@ -224,6 +230,7 @@ def suite_budget() -> SuiteBudget:
         + max(
             len(CHAIN_WITNESS_CASES) * CHAIN_ASSERTIONS_PER_EXAMPLE,
             SERVING_WITNESS_EXAMPLES * SERVING_ASSERTIONS_PER_EXAMPLE,
+            SERVING_TREE_WITNESS_EXAMPLES * TREE_ASSERTIONS_PER_EXAMPLE,
         )
     )
     profile = str(getattr(settings, "_current_profile", None) or "default")

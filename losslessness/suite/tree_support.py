@@ -20,26 +20,38 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from hypothesis import note
+from hypothesis import note, reject
 from hypothesis import strategies as st
+from hypothesis.control import currently_in_test_context
 
+from losslessness.batteries.serving_tree import (
+    SERVING_TREE_CASE_IDS,
+    default_serving_tree_battery,
+    serving_tree_case,
+)
 from losslessness.cases import GreedyTreeCase, TreeCase
 from losslessness.checks import check_tree_greedy, check_tree_law, check_tree_structure
 from losslessness.checks.ids import TREE_GREEDY_CHECK_ID, TREE_LAW_CHECK_ID, TREE_STRUCTURE_CHECK_ID
 from losslessness.checks.tree_assertions import ROOT, NodeClass, class_p, visited_classes
 from losslessness.engine.draw import ProtocolViolation, sample_greedy_tree, sample_tree
 from losslessness.protocol import GreedyTreeVerifier, TreeVerifier
+from losslessness.reference.profiles import EngineProfile
+from losslessness.reference.profiles.steps import NoTokenLeft
+from losslessness.requests import Request, UnsupportedRequest
 from losslessness.results import CheckContext, CheckResult, Verdict
 from losslessness.samples import TreeSamples
 from losslessness.seeding import derive_seed
 from losslessness.stats import SUITE_FAMILY_WISE_ALPHA
+from losslessness.suite.serving_support import supported_fields
 from losslessness.suite.support import (
+    SERVING_TREE_WITNESS_EXAMPLES,
     TREE_LAW_CLASSES,
     TREE_WITNESS_EXAMPLES,
     SuiteBudget,
     _shorten,
     suite_budget,
 )
+from strategies.requests import requests
 from strategies.trees import TreeTopology, greedy_tree_cases, tree_cases
 
 TREE_STEPS = 4000
@@ -120,6 +132,58 @@ def suite_tree_cases(draw: st.DrawFn) -> TreeCase:
     large = draw(st.booleans())
     low, high = (TREE_SMALL_VOCAB + 1, TREE_MAX_VOCAB) if large else (1, TREE_SMALL_VOCAB)
     return draw(tree_cases(high, min_vocab=low, batch_size=TREE_BATCH))
+
+
+@st.composite
+def suite_serving_tree_cases(draw: st.DrawFn, profile: EngineProfile) -> TreeCase:
+    """A serving tree case for the suite: a :func:`suite_tree_cases` tree, scheme and tables,
+    its target tables' logs as the raw logits (``-inf`` where p = 0), a request drawn among the
+    fields ``profile`` implements less the penalties (:func:`~losslessness.batteries.
+    serving_tree.reads_path_tokens`; greedy where the profile has a greedy sampler), float32 or
+    bfloat16 logits; the tables then hold ``profile``'s law
+    (:func:`~losslessness.batteries.serving_tree.serving_tree_case`). Draws where the request's
+    masks leave no token at some node, or that the profile refuses, are rejected."""
+    tree = draw(suite_tree_cases())
+    fields, greedy = supported_fields(profile)
+    fields = fields - {"frequency_penalty", "presence_penalty", "repetition_penalty"}
+    # Over one token every request has the same law.
+    request = Request() if tree.vocab_size < 2 else draw(
+        requests(tree.vocab_size, fields=sorted(fields),
+                 greedy=None if greedy and "temperature" in fields else False),
+        label="request",
+    )
+    dtype = draw(st.sampled_from(("float32", "bfloat16")), label="dtype")
+    try:
+        return serving_tree_case(
+            tree.case_id, tree.summary, tree.parents, tree.draft_scheme,
+            tree.root_target.log(), tree.target_table.log(), tree.root_draft, tree.draft_table,
+            request, profile, dtype, batch_size=tree.batch_size, token_rows=tree.token_rows,
+            tags=tree.tags,
+        )
+    except (UnsupportedRequest, NoTokenLeft):
+        reject()
+
+
+SERVING_TREE_WITNESSES = ("stree-min-p", "stree-min-tokens", "stree-eagle-top-p")
+"""The serving tree battery's cases the serving tree test runs first, built for the target's
+profile: min-p, the min_tokens boundary inside the tree, top-p on an EAGLE top-k tree (the
+engines' tree paths drop or misplace these: :mod:`losslessness.zoo.serving_tree`)."""
+
+if len(SERVING_TREE_WITNESSES) != SERVING_TREE_WITNESS_EXAMPLES:
+    raise ImportError("SERVING_TREE_WITNESSES and SERVING_TREE_WITNESS_EXAMPLES disagree")
+
+
+def serving_tree_witness(name: str, profile: EngineProfile) -> TreeCase | None:
+    """The serving tree battery's case ``name`` built for ``profile``, or None when the
+    profile does not implement its request.
+
+    Raises:
+        ValueError: ``name`` is not a battery case id.
+    """
+    if name not in SERVING_TREE_CASE_IDS:
+        raise ValueError(f"name: {name!r} is not a serving tree battery case")
+    battery = default_serving_tree_battery(profile.name)
+    return next((case for case in battery if case.case_id == name), None)
 
 
 def suite_greedy_tree_cases() -> st.SearchStrategy[GreedyTreeCase]:
@@ -232,8 +296,11 @@ def run_tree_example(
     """
     budget = suite_budget()
     seed = derive_seed(0, "suite-tree", case.case_hash)
-    note(f"case {case.summary}, parents {list(case.parents)}, hash {case.case_hash}, "
-         f"seed {seed}")
+    # A witness test of the serving tree suite runs outside Hypothesis (its cases depend on
+    # the target's profile), where notes cannot be made; its failure message says it all.
+    if currently_in_test_context():
+        note(f"case {case.summary}, parents {list(case.parents)}, hash {case.case_hash}, "
+             f"seed {seed}")
     structure_header = _header(TREE_STRUCTURE_CHECK_ID, "", case, case.parents)
     try:
         samples = sample_tree(verifier, case, TREE_STEPS, seed, timeout_s)
