@@ -415,17 +415,17 @@ class TreeCase:
         """First 12 hex digits of a SHA-256 over the id, scheme, tree and exact tables."""
         rows = () if self.token_rows is None else (self.token_rows,)
         dtype = "" if self.input_dtype == torch.float64 else f"/{self.input_dtype}"
-        serving: tuple[torch.Tensor, ...] = ()
+        root, table = self.root_target, self.target_table
         if self.serving is not None:
             spec = self.serving
-            # The tables hold the profile's law: two profiles with the same law on the case
-            # give the same case.
-            dtype += f"/{spec.dtype}/{spec.request!r}"
-            serving = (spec.root_logits, spec.logit_table)
+            # A serving tree case is its raw logits, request and profile: its target tables,
+            # the profile's law computed with this CPU's exp kernels, may differ in the last
+            # bit from one machine to the next, and its seeds derive from this hash.
+            dtype += f"/{spec.profile}/{spec.dtype}/{spec.request!r}"
+            root, table = spec.root_logits, spec.logit_table
         return _tensor_hash(
             f"{self.case_id}/{self.draft_scheme}/{self.batch_size}{dtype}", self.parents_tensor,
-            self.root_target, self.root_draft, self.target_table, self.draft_table, *rows,
-            *serving,
+            root, self.root_draft, table, self.draft_table, *rows,
         )
 
     def table_rows(self, tokens: torch.Tensor) -> torch.Tensor:

@@ -634,15 +634,19 @@ def _tree_battery(config: RunConfig, with_file: bool = True) -> list[TreeCase]:
         tree += file.tree_cases()
     if config.dtype == "float32":
         tree = [tree_case_in_dtype(case, torch.float32) for case in tree]
-    if config.batch_size is not None:
-        tree = [
-            dataclasses.replace(
-                case, summary=f"{case.summary} [B={config.batch_size}]",
-                batch_size=config.batch_size,
-            )
-            for case in tree
-        ]
-    return tree
+    return _trees_per_call(tree, config)
+
+
+def _trees_per_call(cases: list[TreeCase], config: RunConfig) -> list[TreeCase]:
+    """``cases`` with ``--batch-size`` trees per call, when given (the summary says so)."""
+    if config.batch_size is None:
+        return cases
+    return [
+        dataclasses.replace(
+            case, summary=f"{case.summary} [B={config.batch_size}]", batch_size=config.batch_size
+        )
+        for case in cases
+    ]
 
 
 def _serving_battery(config: RunConfig) -> list[ServingCase]:
@@ -706,14 +710,7 @@ def select_serving_tree_cases(config: RunConfig, adapter: Adapter) -> list[TreeC
         cases = default_serving_tree_battery(adapter.engine_profile, config.dtype or "float32")
     except ValueError as error:
         raise ValueError(f"targets: {adapter.name}: {error}") from None
-    if config.batch_size is not None:
-        cases = [
-            dataclasses.replace(
-                case, summary=f"{case.summary} [B={config.batch_size}]",
-                batch_size=config.batch_size,
-            )
-            for case in cases
-        ]
+    cases = _trees_per_call(cases, config)
     if config.cases:
         cases = [case for case in cases if case.case_id in config.cases]
     if not any(config.selects(check_id) for check_id in TREE_CHECK_IDS):

@@ -32,6 +32,7 @@ from losslessness.seeding import derive_seed
 
 __all__ = [
     "MAX_ENUMERATED_PREFIXES",
+    "ProfileVerifier",
     "ServingReference",
     "ServingRowLaws",
     "inverse_cdf",
@@ -80,16 +81,13 @@ def inverse_cdf(weights: torch.Tensor, u: float) -> int:
     return index
 
 
-class ServingReference:
-    """A correct serving chain verifier for one engine profile (the serving protocol of
-    :mod:`losslessness.protocol`).
+class ProfileVerifier:
+    """A reference verifier of one engine profile's law: the profile, and a name that says
+    which (``ServingReference[vllm-v1]``).
 
     Args:
         profile: the engine's non-speculative law, or its registered name (looked up on the
             first call, so that the zoo can name a profile before its module is imported).
-
-    Subclasses in the zoo override one step each (:meth:`target_law`, :meth:`correction`,
-    :meth:`row_generator`) to reproduce an engine's bug.
     """
 
     def __init__(self, profile: EngineProfile | str) -> None:
@@ -107,6 +105,19 @@ class ServingReference:
         if isinstance(self._profile, str):
             self._profile = get_profile(self._profile)
         return self._profile
+
+
+class ServingReference(ProfileVerifier):
+    """A correct serving chain verifier for one engine profile (the serving protocol of
+    :mod:`losslessness.protocol`).
+
+    Args:
+        profile: the engine's non-speculative law, or its registered name (looked up on the
+            first call, so that the zoo can name a profile before its module is imported).
+
+    Subclasses in the zoo override one step each (:meth:`target_law`, :meth:`correction`,
+    :meth:`row_generator`) to reproduce an engine's bug.
+    """
 
     def target_law(
         self, logits: torch.Tensor, request: Request, history: list[int]

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import torch
 
 from losslessness.protocol import TreeOutput, validate_serving_tree_inputs
-from losslessness.reference.profiles import EngineProfile, get_profile
+from losslessness.reference.serving import ProfileVerifier
 from losslessness.reference.tree import verify_tree
 from losslessness.requests import Request
 
@@ -42,7 +42,7 @@ def path_histories(parents: torch.Tensor, token_ids: torch.Tensor) -> list[list[
     return paths
 
 
-class ServingTreeReference:
+class ServingTreeReference(ProfileVerifier):
     """Tree speculative sampling on ``profile``'s law at every node (module docstring).
 
     Args:
@@ -51,23 +51,6 @@ class ServingTreeReference:
 
     Subclasses in the zoo override :meth:`target_law` to reproduce an engine's bug.
     """
-
-    def __init__(self, profile: EngineProfile | str) -> None:
-        self._profile = profile
-        self.engine_profile = profile if isinstance(profile, str) else profile.name
-        """The profile whose law the verifier claims."""
-        self.__name__ = self.__qualname__ = f"{type(self).__name__}[{self.engine_profile}]"
-
-    @property
-    def profile(self) -> EngineProfile:
-        """The engine profile (resolved from its name on first use).
-
-        Raises:
-            ValueError: no profile of that name is registered.
-        """
-        if isinstance(self._profile, str):
-            self._profile = get_profile(self._profile)
-        return self._profile
 
     def target_law(
         self, logits: torch.Tensor, request: Request, history: list[int], depth: int

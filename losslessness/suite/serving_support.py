@@ -24,7 +24,7 @@ import dataclasses
 from collections.abc import Callable
 
 import torch
-from hypothesis import assume, event
+from hypothesis import HealthCheck, assume, event, settings
 from hypothesis import strategies as st
 
 import strategies as project_strategies
@@ -56,6 +56,7 @@ from strategies.requests import REQUEST_FIELDS, requests
 __all__ = [
     "SERVING_LOGIT_MAGNITUDE",
     "SERVING_SUITE_DTYPES",
+    "SERVING_SUITE_SETTINGS",
     "SERVING_WITNESSES",
     "ServingFailure",
     "run_serving_example",
@@ -64,6 +65,15 @@ __all__ = [
     "supported_fields",
     "witness_case",
 ]
+
+SERVING_SUITE_SETTINGS = settings(
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                           HealthCheck.filter_too_much],
+)
+"""The Hypothesis settings of the serving and serving tree tests (over the profile's): no
+deadline (a call of a target may take seconds), and the examples' size, speed and rejections
+(requests the profile refuses) are the tests' business."""
 
 SERVING_SUITE_DTYPES = ("float32", "bfloat16", "float64")
 """Logits dtypes of generated serving cases (shrinking towards float32, what engines serve)."""

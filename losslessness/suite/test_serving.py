@@ -10,13 +10,14 @@ requests, drafts per row, draft probabilities or none, B and logits dtypes
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, given, note, settings
+from hypothesis import given, note
 from hypothesis import strategies as st
 
 from losslessness.protocol import ServingVerifier
 from losslessness.pytest_plugin import SuiteTarget
 from losslessness.reference.profiles import EngineProfile
 from losslessness.suite.serving_support import (
+    SERVING_SUITE_SETTINGS,
     SERVING_WITNESSES,
     run_serving_example,
     serving_seed,
@@ -52,11 +53,7 @@ def test_serving_verifier_on_witness(
     )
 
 
-@settings(
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                           HealthCheck.filter_too_much],
-)
+@SERVING_SUITE_SETTINGS
 @given(data=st.data())
 def test_serving_verifier_is_lossless(
     data: st.DataObject, serving_target: tuple[ServingVerifier, EngineProfile],

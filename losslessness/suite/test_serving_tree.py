@@ -11,13 +11,14 @@ tree suite draws them (:mod:`losslessness.suite.tree_support`)."""
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from losslessness.engine.draw import ServingTreeCall
 from losslessness.protocol import ServingTreeVerifier
 from losslessness.pytest_plugin import SuiteTarget
 from losslessness.reference.profiles import EngineProfile
+from losslessness.suite.serving_support import SERVING_SUITE_SETTINGS
 from losslessness.suite.tree_support import (
     SERVING_TREE_WITNESSES,
     run_tree_example,
@@ -55,11 +56,7 @@ def test_serving_tree_verifier_on_witness(
     )
 
 
-@settings(
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                           HealthCheck.filter_too_much],
-)
+@SERVING_SUITE_SETTINGS
 @given(data=st.data())
 def test_serving_tree_verifier_is_lossless(
     data: st.DataObject, serving_tree_target: tuple[ServingTreeVerifier, EngineProfile],

@@ -26,7 +26,7 @@ from losslessness.cases import ServingCase
 from losslessness.reference.profiles import EngineProfile
 from losslessness.reference.serving import ServingReference, inverse_cdf
 from losslessness.requests import Request
-from losslessness.zoo.entry import Mutant
+from losslessness.zoo.entry import Mutant, ZooCase
 
 __all__ = [
     "ZOO_PROFILE",
@@ -223,27 +223,35 @@ def serving_mutants(
     entries: Iterable[tuple[str, Callable[..., Any], bool, str, str, str]],
     *,
     irreproducible: bool = False,
+    protocol: str = "serving",
+    case_builder: Callable[[str, str], Callable[[], ZooCase]] | None = None,
 ) -> tuple[Mutant, ...]:
-    """Mutants in the serving protocol for ``profile``, one per entry
+    """Mutants in the serving (or serving tree) protocol for ``profile``, one per entry
     ``(name, verifier factory, lossy, mechanism, source, case id)``: the factory is called with
-    ``profile``; the case is the serving battery's case of that id.
+    ``profile``; the case is the serving battery's case of that id, or ``case_builder(case id,
+    profile name)``'s.
 
     Args:
         profile: a registered profile name, or a profile object.
         entries: the table of entries.
         irreproducible: the entries break the seed contract (the audit's verdict is
             IRREPRODUCIBLE).
+        protocol: ``serving`` or ``serving-tree``.
+        case_builder: builds an entry's case from its id and the profile's name (None: the
+            serving battery's, :func:`serving_case`).
     """
     name = profile if isinstance(profile, str) else profile.name
     return tuple(
         Mutant(
             name=entry_name,
             verifier=verifier(profile),
-            protocol="serving",
+            protocol=protocol,
             lossy=lossy,
             mechanism=mechanism,
             source=source,
-            build_case=serving_case(case_id),
+            build_case=(
+                serving_case(case_id) if case_builder is None else case_builder(case_id, name)
+            ),
             engine_profile=name,
             irreproducible=irreproducible,
         )

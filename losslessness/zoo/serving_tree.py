@@ -23,7 +23,7 @@ from losslessness.reference.profiles import EngineProfile
 from losslessness.reference.serving_tree import ServingTreeReference
 from losslessness.requests import Request
 from losslessness.zoo.entry import Mutant
-from losslessness.zoo.serving import ZOO_PROFILE
+from losslessness.zoo.serving import ZOO_PROFILE, serving_mutants
 
 __all__ = ["IgnoresMinP", "MinTokensCountedAtTheRoot", "serving_tree_zoo"]
 
@@ -91,17 +91,4 @@ def serving_tree_zoo(profile: str | EngineProfile = ZOO_PROFILE) -> tuple[Mutant
         ``engine_profile`` the profile's name, its case the serving tree battery's case of its
         mechanism built for the profile.
     """
-    name = profile if isinstance(profile, str) else profile.name
-    return tuple(
-        Mutant(
-            name=entry_name,
-            verifier=verifier(profile),
-            protocol="serving-tree",
-            lossy=lossy,
-            mechanism=mechanism,
-            source=source,
-            build_case=_case(case_id, name),
-            engine_profile=name,
-        )
-        for entry_name, verifier, lossy, mechanism, source, case_id in _ENTRIES
-    )
+    return serving_mutants(profile, _ENTRIES, protocol="serving-tree", case_builder=_case)

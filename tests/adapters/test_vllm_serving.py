@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib.util
 from collections.abc import Iterator
+from contextlib import contextmanager
 from importlib import metadata
 from typing import Any
 
@@ -152,16 +153,15 @@ def test_vllm_v1_serving_drops_logit_bias_on_draft_positions_vllm_42744(serving:
     assert bonus[0, 0].item() == 7, bonus
 
 
-@pytest.fixture
-def captured_target_logits(serving: Any) -> Iterator[list[torch.Tensor]]:
-    """The processed ``target_logits`` vLLM passes to ``rejection_sample`` (its draft rows),
-    captured by wrapping the module function for the test."""
-    module = serving.modules["rejection_sampler"]
+@contextmanager
+def _capturing(module: Any, argument: int) -> Iterator[list[torch.Tensor]]:
+    """Every call's positional ``argument`` of ``module.rejection_sample``, captured by
+    wrapping the function the module holds for the block."""
     original = module.rejection_sample
     seen: list[torch.Tensor] = []
 
     def capture(*args: Any, **kwargs: Any) -> Any:
-        seen.append(args[5].detach().clone())
+        seen.append(args[argument].detach().clone())
         return original(*args, **kwargs)
 
     module.rejection_sample = capture
@@ -169,6 +169,13 @@ def captured_target_logits(serving: Any) -> Iterator[list[torch.Tensor]]:
         yield seen
     finally:
         module.rejection_sample = original
+
+
+@pytest.fixture
+def captured_target_logits(serving: Any) -> Iterator[list[torch.Tensor]]:
+    """The processed ``target_logits`` vLLM passes to ``rejection_sample`` (its draft rows)."""
+    with _capturing(serving.modules["rejection_sampler"], 5) as seen:
+        yield seen
 
 
 LAW_REQUESTS = [
@@ -331,21 +338,9 @@ greedy row with a bias."""
 @pytest.fixture
 def captured_v2_logits(serving_v2: Any) -> Iterator[list[torch.Tensor]]:
     """The processed target logits model runner v2's ``RejectionSampler._verify`` passes to
-    ``rejection_sample`` (every position, bonus included), captured by wrapping the function
-    the module imported, for the test."""
-    module = serving_v2.modules["rejection_sampler"]
-    original = module.rejection_sample
-    seen: list[torch.Tensor] = []
-
-    def capture(*args: Any, **kwargs: Any) -> Any:
-        seen.append(args[0].detach().clone())
-        return original(*args, **kwargs)
-
-    module.rejection_sample = capture
-    try:
+    ``rejection_sample`` (every position, bonus included)."""
+    with _capturing(serving_v2.modules["rejection_sampler"], 0) as seen:
         yield seen
-    finally:
-        module.rejection_sample = original
 
 
 def test_vllm_v2_serving_target_law_matches_the_vllm_v2_profile_at_every_position(

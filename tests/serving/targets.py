@@ -121,5 +121,5 @@ drops_the_last_column.engine_profile = PROFILE_NAME  # type: ignore[attr-defined
 
 
 tree_reference = ServingTreeReference(small_profile())
-tree_reference.engine_profile = PROFILE_NAME
+tree_reference.engine_profile = PROFILE_NAME  # type: ignore[attr-defined]
 """The reference serving tree verifier on the test profile (``--protocol serving-tree``)."""

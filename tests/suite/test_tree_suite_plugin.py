@@ -104,13 +104,19 @@ def test_tree_target_without_a_tree_verifier_is_a_usage_error(tmp_path: Path) ->
     assert "--losslessness-tree=losslessness.protocol:DRAFT_SCHEMES" in result.output
 
 
+MIRRORED_TREE_MUTANTS = ("tree-replacement-rule-on-distinct-drafts", "tree-final-from-root-row")
+"""Lossy tree mutants whose mirror image runs by default (the distinct rule on replacement
+drafts, the final token from the parent's row): these run in ``tox -e slow`` (the default
+audit catches every tree mutant: tests/adapters/test_tree_mutants.py)."""
+
+
 @pytest.mark.parametrize(
     "spec",
     [
         # The greedy mutants' shrink takes minutes on 2 cores; the greedy shrink and its
         # message are pinned above (greedy_final_from_parent), these run in ``tox -e slow``.
         pytest.param(spec, id=spec.name, marks=pytest.mark.slow)
-        if spec.protocol == "greedy-tree"
+        if spec.protocol == "greedy-tree" or spec.name in MIRRORED_TREE_MUTANTS
         else pytest.param(spec, id=spec.name, marks=BEYOND_SUITE_VOCAB[spec.name])
         if spec.name in BEYOND_SUITE_VOCAB
         else pytest.param(spec, id=spec.name)
