@@ -789,8 +789,9 @@ def plan_run(
         :class:`RunPlan`.
 
     Raises:
-        ValueError: repeated target names, unknown case ids (naming ``cases``), or bfloat16
-            inputs with a tree target (naming ``dtype``).
+        ValueError: repeated target names, unknown case ids (naming ``cases``), bfloat16
+            inputs with a tree target (naming ``dtype``), or serving tree targets without an
+            engine profile or of different profiles (naming ``targets``).
     """
     adapters = [target for target in targets if isinstance(target, Adapter)]
     unavailable = [target for target in targets if isinstance(target, UnavailableTarget)]

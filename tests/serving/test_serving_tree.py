@@ -127,12 +127,14 @@ def test_reference_equals_the_tree_reference_on_the_processed_laws(case_id: str)
 
 
 def test_profiles_that_process_differently_give_different_cases_and_refuse_one_run() -> None:
-    """SGLang's and vLLM's laws of one top-k + top-p request differ (a different case hash),
-    so one run with serving tree targets of both profiles is refused naming the case; a
-    target without an engine profile is refused naming the fix."""
+    """A case built for SGLang's profile and for vLLM's differ (their laws, and their hashes,
+    which name the profile), so one run with serving tree targets of both profiles is refused
+    naming the case; a target without an engine profile is refused naming the fix."""
     vllm = {c.case_id: c for c in default_serving_tree_battery("vllm-v1")}
     sglang = {c.case_id: c for c in default_serving_tree_battery("sglang-torch")}
     assert vllm["stree-top-k-top-p"].case_hash != sglang["stree-top-k-top-p"].case_hash
+    assert not torch.equal(vllm["stree-top-k-top-p"].target_table,
+                           sglang["stree-top-k-top-p"].target_table)
     adapters = [
         dataclasses.replace(entry.adapter, name=f"{profile}-tree")
         for profile in ("vllm-v1", "sglang-torch")
