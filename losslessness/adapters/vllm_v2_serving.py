@@ -61,6 +61,7 @@ import torch
 
 from losslessness.adapters.vllm_serving import on_cpu, vllm_sampling_params
 from losslessness.protocol import PLACEHOLDER, validate_serving_inputs
+from losslessness.reference.serving import reads_history
 from losslessness.requests import Request, UnsupportedRequest
 
 __all__ = ["V2_SERVING_MODULES", "VllmV2Serving", "v2_speculative_config"]
@@ -115,16 +116,6 @@ def v2_speculative_config(config_module: ModuleType, k: int) -> SimpleNamespace:
     return SimpleNamespace(num_speculative_tokens=k, **values)
 
 
-def _reads_history(request: Request) -> bool:
-    """Whether the request's law reads its output history (vLLM's penalties, ``min_tokens``)."""
-    return (
-        request.frequency_penalty != 0.0
-        or request.presence_penalty != 0.0
-        or request.repetition_penalty != 1.0
-        or request.min_tokens > 0
-    )
-
-
 def _history(request: Request) -> list[int]:
     """The output tokens the request's state holds (module docstring: an inert token before
     a first output token whose law reads no history).
@@ -140,7 +131,7 @@ def _history(request: Request) -> list[int]:
         )
     if request.output_token_ids:
         return list(request.output_token_ids)
-    if _reads_history(request):
+    if reads_history(request):
         raise UnsupportedRequest(
             "vllm-v2: a request with penalties or min_tokens and an empty output history: "
             "model runner v2 verifies drafts only after a request's first sampled token "
