@@ -413,7 +413,8 @@ METHOD_DESCRIPTIONS = {
     "ours": (
         "Structure of every output (exact); law of the next emitted token at every class of "
         "reached nodes (Cressie-Read identity test, classes reached in >= 20% of a fixed "
-        "reference pilot, tokens with p = 0 exact at every class); share of steps reaching "
+        "reference pilot, the rarer classes pooled into one test of their tokens' randomized "
+        "PIT, tokens with p = 0 exact at every class); share of steps reaching "
         "each depth vs the scheme's exact law, and depth 1 vs the optimal-transport bound "
         "(exact binomial); independence of paired trees of one call; family-wise false-alarm "
         "rate 1e-3 split Bonferroni over the case's statistical assertions. Greedy: exact "

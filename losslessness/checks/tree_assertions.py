@@ -12,7 +12,12 @@ for every identity test to reach the design's power.
 Node classes: node 0 is the root context; a node of depth d >= 1 with token x has p =
 ``target_table[d-1, x]`` (a Markov model), so the nodes of one (depth, token) class share one p
 row and the law check (:mod:`losslessness.checks.tree_law`) pools them;
-:func:`visited_classes` lists which class every step reached and what it emitted next.
+:func:`visited_classes` lists which class every step reached and what it emitted next. The
+classes the pilot reaches too rarely for an identity test of their own share one pooled test
+(:class:`PooledPit`, the randomized PIT of :mod:`losslessness.stats.pit`): at a language
+model's vocabulary the nodes beyond the root split into hundreds of classes, each reached in a
+few percent of the steps, and a law error there would otherwise meet only the exact part (no
+token with p = 0 emitted).
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from losslessness.reference.tree import verify_tree
 from losslessness.reference.tree_laws import TreeLaws
 from losslessness.seeding import derive_seed
 from losslessness.stats import plan_identity_test
+from losslessness.stats.pit import PIT_CELLS, mass_before, randomized_pit
 
 PILOT_TREES = 2048
 """Trees of the reference pilot run that estimates how often each node class is reached."""
@@ -49,6 +55,14 @@ steps (rarer classes keep the exact part of the law check; the budget stays smal
 
 ROOT = -1
 """The token of the root class (the root context has no token)."""
+
+POOLED = -2
+"""The token of the pooled law assertion's key (:attr:`~losslessness.results.CheckResult.
+assertion_key`): every class without an identity test, in one PIT test."""
+
+POOLED_REACH_FLOOR = 0.05
+"""The pooled PIT test is made when the pilot's classes without an identity test (those whose
+p has two or more positive cells) are reached at least this many times per step in all."""
 
 
 @dataclass(frozen=True)
@@ -88,6 +102,9 @@ class TreeAssertions:
         acceptance_depths: depths d >= 1 whose acceptance is tested statistically.
         independence: whether the root's p allows an independence test (two or more positive
             cells; the call must carry two trees or more).
+        pooled_reach: observations per step, in the pilot, at the classes without an identity
+            test whose p has two or more positive cells; the pooled PIT test
+            (:class:`PooledPit`) is made when it is at least :data:`POOLED_REACH_FLOOR`.
     """
 
     classes: tuple[NodeClass, ...]
@@ -95,6 +112,12 @@ class TreeAssertions:
     laws_note: str
     acceptance_depths: tuple[int, ...]
     independence: bool
+    pooled_reach: float = 0.0
+
+    @property
+    def pooled(self) -> bool:
+        """Whether the case makes the pooled PIT assertion."""
+        return self.pooled_reach >= POOLED_REACH_FLOOR
 
     def count(self, check_ids: tuple[str, ...] = ()) -> int:
         """Statistical assertions of the checks in ``check_ids`` (all when empty)."""
@@ -102,7 +125,7 @@ class TreeAssertions:
                                    TREE_INDEPENDENCE_CHECK_ID))
         total = 0
         if TREE_LAW_CHECK_ID in wanted:
-            total += sum(node_class.statistical for node_class in self.classes)
+            total += sum(node_class.statistical for node_class in self.classes) + self.pooled
         if TREE_ACCEPTANCE_CHECK_ID in wanted:
             total += len(self.acceptance_depths)
         if TREE_INDEPENDENCE_CHECK_ID in wanted:
@@ -221,7 +244,12 @@ def _tree_assertions(case: TreeCase) -> TreeAssertions:
                 depths.append(d)
     root_p = class_p(case, 0, ROOT)
     independence = int((root_p > 0).sum()) >= 2 and case.batch_size >= 2
-    return TreeAssertions(tuple(classes), laws, note, tuple(depths), independence)
+    pooled_reach = sum(
+        c.reach for c in classes if not c.statistical and int((c.p > 0).sum()) >= 2
+    )
+    return TreeAssertions(
+        tuple(classes), laws, note, tuple(depths), independence, float(pooled_reach)
+    )
 
 
 def tree_steps(
@@ -232,14 +260,22 @@ def tree_steps(
     The class of a test is reached in a share r of steps (the pilot's), so it needs about
     ``(n + 3 sqrt(n (1 - r))) / r`` steps for the n samples of its identity test
     (:func:`losslessness.stats.plan_identity_test`), as :func:`losslessness.engine.plan.
-    plan_case` sizes a chain position; exact checks need ``log(1 - power) / log(1 - tv)``;
-    never fewer than ``min_steps``.
+    plan_case` sizes a chain position; the pooled PIT test, whose classes are reached r times
+    per step (r may exceed 1), ``(n + 3 sqrt(n)) / r`` for the n observations of its uniform
+    histogram; exact checks need ``log(1 - power) / log(1 - tv)``; never fewer than
+    ``min_steps``.
 
     Returns:
         (steps, capped at ``max_steps``; steps the design asks for).
     """
     needed = max(min_steps, math.ceil(math.log1p(-power) / math.log1p(-min(tv, 1 - 1e-12))))
-    for node_class in tree_assertions(case).classes:
+    assertions = tree_assertions(case)
+    if assertions.pooled:
+        plan = plan_identity_test(np.full(PIT_CELLS, 1.0 / PIT_CELLS), tv, alpha, power,
+                                  max_n=max_steps * PIT_CELLS)
+        r = assertions.pooled_reach
+        needed = max(needed, math.ceil((plan.n + 3 * math.sqrt(plan.n)) / r))
+    for node_class in assertions.classes:
         if not node_class.statistical:
             continue
         plan = plan_identity_test(node_class.p, tv, alpha, power, max_n=max_steps)
@@ -248,3 +284,65 @@ def tree_steps(
     return min(needed, max_steps), needed
 
 
+
+
+class PooledPit:
+    """The randomized PIT (:mod:`losslessness.stats.pit`) of the next emitted token at every
+    reached node outside the identity-tested classes: each observation's u is U(0, 1) given
+    everything emitted before it when the verifier is lossless, so their histogram over
+    :data:`~losslessness.stats.pit.PIT_CELLS` equal cells is one identity test against the
+    uniform law.
+
+    Left out: observations at a tested class, at a class whose p has fewer than two positive
+    cells (its u says nothing), and tokens outside the vocabulary or with p = 0 at their node
+    (violations, for the law check's exact part). ``F(x-)`` of each class is computed once.
+
+    Args:
+        case: the tree case (its class laws, :func:`class_p`).
+        tested: the (depth, token) keys of the identity-tested classes.
+    """
+
+    def __init__(self, case: TreeCase, tested: set[tuple[int, int]]) -> None:
+        self.case = case
+        self.tested = set(tested)
+        self._laws: dict[tuple[int, int], tuple[np.ndarray, np.ndarray] | None] = {}
+
+    def _law(self, key: tuple[int, int]) -> tuple[np.ndarray, np.ndarray] | None:
+        if key not in self._laws:
+            p = class_p(self.case, *key)
+            self._laws[key] = (
+                None if key in self.tested or int((p > 0).sum()) < 2
+                else (p, mass_before(p / p.sum()))
+            )
+        return self._laws[key]
+
+    def transform(
+        self, depth: np.ndarray, token: np.ndarray, emitted: np.ndarray,
+        rng: np.random.Generator,
+    ) -> tuple[np.ndarray, int]:
+        """The PIT values of the pooled observations among ``(depth, token, emitted)`` (each
+        ``[M]`` int64, :func:`visited_classes`' order), with one ``rng`` uniform drawn per
+        observation (pooled or not, so the draws do not depend on the verifier's output).
+
+        Returns:
+            (``[m]`` float64 u values, the number of classes they came from).
+        """
+        uniforms = rng.random(emitted.size)
+        vocab = self.case.vocab_size
+        keys, inverse = np.unique(np.stack([depth, token], axis=1), axis=0, return_inverse=True)
+        inverse = inverse.reshape(-1)
+        before = np.zeros(emitted.size)
+        mass = np.zeros(emitted.size)
+        classes = 0
+        in_vocab = (emitted >= 0) & (emitted < vocab)
+        for index, (d, x) in enumerate(keys.tolist()):
+            law = self._law((int(d), int(x)))
+            if law is None:
+                continue
+            chosen = (inverse == index) & in_vocab
+            p, cumulative = law
+            before[chosen] = cumulative[emitted[chosen]]
+            mass[chosen] = p[emitted[chosen]] / p.sum()
+            classes += bool(chosen.any())
+        pooled = mass > 0
+        return randomized_pit(before[pooled], mass[pooled], uniforms[pooled]), classes

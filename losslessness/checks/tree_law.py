@@ -9,8 +9,13 @@ node, for every lossless tree verifier (Miao et al. 2024, SpecInfer, Thm. 4.2; J
 2024, Thm. 3.1): one identity test per tested class (Cressie-Read,
 :func:`losslessness.stats.identity_test`, at the per-assertion level), and for every other
 class an exact part: a token with p = 0 is never emitted. The audit tests the classes its pilot
-reaches often enough (:func:`~losslessness.checks.tree_assertions.tree_assertions`); a caller
-with its own design (the property suite) names its classes.
+reaches often enough (:func:`~losslessness.checks.tree_assertions.tree_assertions`), and every
+other class together in one pooled test: the randomized probability integral transform of each
+next token under its class's p is U(0, 1) (:mod:`losslessness.stats.pit`), so the histogram of
+those u values is identity-tested against the uniform law
+(:class:`~losslessness.checks.tree_assertions.PooledPit`; its minimum detectable TV is the
+histogram's distance from uniform). A caller with its own design (the property suite) names its
+classes and gets no pooled test.
 """
 
 from __future__ import annotations
@@ -23,7 +28,9 @@ import numpy as np
 from losslessness.checks.conditional_law import law_cells
 from losslessness.checks.ids import TREE_LAW_CHECK_ID
 from losslessness.checks.tree_assertions import (
+    POOLED,
     NodeClass,
+    PooledPit,
     class_p,
     tree_assertions,
     visited_classes,
@@ -31,11 +38,16 @@ from losslessness.checks.tree_assertions import (
 from losslessness.checks.tree_structure import well_formed_rows
 from losslessness.results import CheckContext, CheckKind, CheckResult, Verdict
 from losslessness.samples import TreeSamples
+from losslessness.seeding import derive_seed
 from losslessness.stats import (
     exact_check_minimum_detectable_rate,
     identity_minimum_detectable_tv,
     identity_test,
 )
+from losslessness.stats.pit import PIT_CELLS, pit_histogram
+
+POOLED_SEED_LABEL = "tree.law.pooled"
+"""Label of the seed of the pooled test's PIT uniforms (derived from the case's seed)."""
 
 
 def check_tree_law(
@@ -54,12 +66,16 @@ def check_tree_law(
 
     Returns:
         One statistical ``tree.law`` result per tested class (position = the class's depth,
-        ``details`` its token), then one exact ``tree.law`` result over every other reached
-        class (no token with p = 0 emitted).
+        ``details`` its token), then, in the audit's design when the case makes it, the pooled
+        PIT result over every other class (no position, ``details["pit"]``), then one exact
+        ``tree.law`` result over every other reached class (no token with p = 0 emitted).
     """
     case = samples.case
+    pooled = False
     if classes is None:
-        classes = [c for c in tree_assertions(case).classes if c.statistical]
+        assertions = tree_assertions(case)
+        classes = [c for c in assertions.classes if c.statistical]
+        pooled = assertions.pooled
     rows = well_formed_rows(samples)
     _, depth, token, emitted = visited_classes(
         samples.token_ids[rows], samples.tokens[rows], samples.accepted_nodes[rows],
@@ -73,6 +89,8 @@ def check_tree_law(
         tested.add((node_class.depth, node_class.token))
         chosen = emitted[(depth == node_class.depth) & (token == node_class.token)]
         results.append(_law_result(context, node_class, chosen, vocab, began))
+    if pooled:
+        results.append(_pooled_result(samples, context, tested, depth, token, emitted))
     began = time.perf_counter()
     keys = set(zip(depth.tolist(), token.tolist(), strict=True))
     impossible = 0
@@ -166,4 +184,49 @@ def _law_result(
             "out_of_vocab": out_of_vocab,
         },
         cells=law_cells(counts, p),
+    )
+
+
+def _pooled_result(
+    samples: TreeSamples, context: CheckContext, tested: set[tuple[int, int]],
+    depth: np.ndarray, token: np.ndarray, emitted: np.ndarray,
+) -> CheckResult:
+    """The pooled PIT test over the observations outside ``tested`` (module docstring)."""
+    began = time.perf_counter()
+    rng = np.random.default_rng(derive_seed(context.seed, POOLED_SEED_LABEL))
+    u, classes = PooledPit(samples.case, tested).transform(depth, token, emitted, rng)
+    counts = pit_histogram(u)
+    uniform = np.full(PIT_CELLS, 1.0 / PIT_CELLS)
+    test = identity_test(counts, uniform)
+    bound = identity_minimum_detectable_tv(uniform, test.n, context.alpha, context.power)
+    where = f"{classes} classes of nodes without an identity test"
+    if test.n and test.pvalue <= context.alpha:
+        verdict = Verdict.LOSSY
+        observed = counts / test.n
+        message = (
+            f"the tokens emitted after {where} do not follow their p: the histogram of their "
+            f"randomized PIT (tokens by decreasing p) is not uniform, p-value {test.pvalue:.3g} "
+            f"<= alpha {context.alpha:.3g}; cell shares {np.round(observed, 3).tolist()} "
+            f"(each {1 / PIT_CELLS:g} under p), histogram TV "
+            f"{0.5 * float(np.abs(observed - uniform).sum()):.4f}"
+        )
+    else:
+        verdict = Verdict.PASS
+        message = (
+            f"the tokens emitted after {where} follow their p: the randomized PIT's histogram "
+            f"({PIT_CELLS} cells) is uniform ({test.n} observations)"
+        )
+    return context.result(
+        TREE_LAW_CHECK_ID,
+        kind=CheckKind.STATISTICAL,
+        n=test.n,
+        verdict=verdict,
+        statistic=test.statistic,
+        df=test.df,
+        p_value=test.pvalue,
+        min_detectable_tv=bound.minimum_detectable_tv,
+        wall_time_s=time.perf_counter() - began,
+        message=message,
+        details={"token": POOLED, "pit": True, "classes": classes,
+                 "pit_counts": counts.tolist()},
     )

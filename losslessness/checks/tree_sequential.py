@@ -4,7 +4,9 @@ on the new trees and an e-process for every statistical tree assertion (the tree
 
 - ``tree.law`` (one per tested node class): the tokens emitted after nodes of the class are
   i.i.d. p of the class: the Dirichlet-mixture e-process on the fixed-n test's cells at the
-  planned n (and two coarsenings);
+  planned n (and two coarsenings); and the pooled PIT assertion over every other class (its
+  histogram is uniform, :class:`~losslessness.checks.tree_assertions.PooledPit`), the same
+  e-process on the uniform law's cells;
 - ``tree.acceptance`` at depth 1: a root child is accepted with probability at most
   ``root_bound`` (SpecTr's optimal transport, the LOSSY side of the fixed-n check): the
   one-sided Beta-mixture e-process; deeper depths only have a SUBOPTIMAL side (never a reason
@@ -15,8 +17,8 @@ on the new trees and an e-process for every statistical tree assertion (the tree
 
 Exact checks (``tree.structure``, a token with p = 0 after any node) stop at their first
 violation. Keys are :attr:`~losslessness.results.CheckResult.assertion_key`'s: ``(check id, 0,
-depth, token)`` for a law class (:data:`ROOT` at the root), token 0 for acceptance (depth 1)
-and independence (depth 0).
+depth, token)`` for a law class (:data:`ROOT` at the root), ``(tree.law, 0, 0, POOLED)`` for
+the pooled test, token 0 for acceptance (depth 1) and independence (depth 0).
 """
 
 from __future__ import annotations
@@ -39,16 +41,29 @@ from losslessness.checks.sequential import (
     pair_state,
     update_pairs,
 )
-from losslessness.checks.tree_assertions import ROOT, class_p, tree_assertions, visited_classes
+from losslessness.checks.tree_assertions import (
+    POOLED,
+    ROOT,
+    PooledPit,
+    class_p,
+    tree_assertions,
+    visited_classes,
+)
 from losslessness.checks.tree_structure import check_tree_structure, well_formed_rows
 from losslessness.results import AssertionKey, CheckContext, SequentialEvidence, Verdict
 from losslessness.samples import TreeSamples
+from losslessness.seeding import derive_seed
 from losslessness.stats import pooling_partition
+from losslessness.stats.pit import PIT_CELLS, pit_histogram
 from losslessness.stats.sequential import (
     binomial_upper_log_evalue,
     cell_partitions,
     partition_mixture_log_evalue,
 )
+
+SEQUENTIAL_POOLED_SEED_LABEL = "tree.law.pooled.sequential"
+"""Label of the seed of the pooled e-process's PIT uniforms (derived from the case's seed;
+independent of the fixed-n test's, :data:`~losslessness.checks.tree_law.POOLED_SEED_LABEL`)."""
 
 
 class TreeMonitor:
@@ -89,6 +104,17 @@ class TreeMonitor:
             self.classes[(node_class.depth, node_class.token)] = (
                 node_class.p, cell_partitions(node_class.p, pooled),
                 np.zeros(vocab, dtype=np.int64),
+            )
+        self.pooled: tuple[PooledPit, np.random.Generator, list[np.ndarray], np.ndarray] | None
+        self.pooled = None
+        if assertions.pooled:
+            uniform = np.full(PIT_CELLS, 1.0 / PIT_CELLS)
+            expected = max(1, int(planned_steps * assertions.pooled_reach))
+            self.pooled = (
+                PooledPit(case, set(self.classes)),
+                np.random.default_rng(derive_seed(context.seed, SEQUENTIAL_POOLED_SEED_LABEL)),
+                cell_partitions(uniform, pooling_partition(uniform, expected)[0]),
+                np.zeros(PIT_CELLS, dtype=np.int64),
             )
         self.bound: float | None = None
         if assertions.laws is not None and 1 in assertions.acceptance_depths:
@@ -143,6 +169,13 @@ class TreeMonitor:
             counts += np.bincount(chosen, minlength=case.vocab_size)
             key = (TREE_LAW_CHECK_ID, 0, d, x)
             self.log_evalues[key] = partition_mixture_log_evalue(counts, p, partitions)
+        if self.pooled is not None:
+            pit, rng, pit_partitions, pit_counts = self.pooled
+            u, _ = pit.transform(depth, token, emitted, rng)
+            pit_counts += pit_histogram(u)
+            self.log_evalues[(TREE_LAW_CHECK_ID, 0, 0, POOLED)] = partition_mixture_log_evalue(
+                pit_counts, np.full(PIT_CELLS, 1.0 / PIT_CELLS), pit_partitions
+            )
         if self.bound is not None:
             self.accepted += int((samples.accepted_nodes[:, 0] > 0).sum())
             key = (TREE_ACCEPTANCE_CHECK_ID, 0, 1, 0)
@@ -174,6 +207,8 @@ class TreeMonitor:
 
 def _describe(key: AssertionKey) -> str:
     check_id, _, depth, token = key
+    if check_id == TREE_LAW_CHECK_ID and token == POOLED:
+        return f"{check_id} pooled PIT"
     if check_id == TREE_LAW_CHECK_ID:
         return f"{check_id} " + ("root" if depth == 0 else f"depth {depth} token {token}")
     return check_id if check_id == TREE_INDEPENDENCE_CHECK_ID else f"{check_id} depth {depth}"

@@ -69,6 +69,10 @@ CHILD_GRACE_S = 60.0
 """Seconds an interrupted child has, after SIGTERM, to send the results it finished before it
 is killed (a target call in progress may first have to end or time out)."""
 
+EXIT_GRACE_S = 10.0
+"""Seconds a child that sent its last message has to exit by itself (stopping its target
+workers) before it is killed."""
+
 _PR_SET_PDEATHSIG = 1
 
 
@@ -277,6 +281,11 @@ class _Child:
                 and self._inbox.empty()
             ):
                 break
+        if self.done:
+            # A child that sent its last message is exiting: its exit handlers stop its target
+            # workers and unlink their shared memory. Killed at once, it left those blocks to
+            # the resource tracker, which warned of "leaked shared_memory objects" at exit.
+            self.process.join(timeout=EXIT_GRACE_S)
         if self.process.is_alive():
             self.process.kill()
         self.process.join()
@@ -401,6 +410,7 @@ def _units_of(plan: RunPlan, spec: ShardSpec) -> list[Any]:
 
 __all__ = [
     "CHILD_GRACE_S",
+    "EXIT_GRACE_S",
     "MIN_PARALLEL_STEPS",
     "ShardRunner",
     "available_cpus",

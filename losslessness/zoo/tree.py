@@ -449,6 +449,44 @@ def residual_top_10_only(
     return _walk(p, q, par, ids, draft_scheme, generator, _Walk(final_top_k=FAST_PATH_TOP_K))
 
 
+DEEP_TOP_K_DEPTH = 2
+"""Shallowest depth whose nodes :func:`deep_nodes_top_10_only` cuts to the top 10."""
+
+
+def deep_nodes_top_10_only(
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor,
+    parents: torch.Tensor,
+    token_ids: torch.Tensor,
+    draft_scheme: str,
+    generator: torch.Generator,
+) -> TreeOutput:
+    """LOSSY: at every node of depth >= 2 the target law is cut to its 10 most likely tokens
+    and renormalised (the acceptance tests, the residual and the bonus token all use the cut
+    law); the root and its children are exact. At V <= 10 this is exact; at a language
+    model's vocabulary the tail of p is never emitted after a deeper node.
+
+    The error lives only beyond the root's children, where the nodes split into one
+    (depth, token) class per drafted token: at V = 1024 none is reached often enough for an
+    identity test of its own, so only the law check's pooled PIT test sees it (it passed the
+    default tree audit before that test existed).
+
+    Source: the sparse top-k shape of :func:`residual_top_10_only` (FlashInfer's
+    ``top_k_sampling_from_probs``,
+    https://github.com/flashinfer-ai/flashinfer/blob/main/include/flashinfer/sampling.cuh,
+    applied without a check that the law's support fits in the top k), moved past depth 1.
+    No shipped engine bug of exactly this shape was found in the engines' trackers.
+
+    Args and returns: as :func:`iid_siblings_against_p`.
+    """
+    p, q, par, ids = _prepare(target_probs, draft_probs, parents, token_ids, draft_scheme,
+                              generator)
+    top = p.topk(min(FAST_PATH_TOP_K, p.shape[-1]), dim=-1).indices
+    cut = renormalise(torch.zeros_like(p).scatter(-1, top, p.gather(-1, top)))
+    deep = (tree_depths(par) >= DEEP_TOP_K_DEPTH).unsqueeze(-1)
+    return _walk(torch.where(deep, cut, p), q, par, ids, draft_scheme, generator, _Walk())
+
+
 def _sglang_target_only(
     p: torch.Tensor,
     parents: torch.Tensor,
@@ -1120,6 +1158,19 @@ def _wide_root(seed: int) -> tuple[np.ndarray, np.ndarray]:
     return rows[0], rows[1]
 
 
+def _deep_chain_case() -> TreeCase:
+    """The case of :func:`deep_nodes_top_10_only` (see its comment in :func:`_case_builders`)."""
+    vocab = 256
+    peaked = np.full(vocab, 0.2 / (vocab - 1))
+    peaked[0] = 0.8
+    target = _rows(np.random.default_rng(CASE_SEED + 21), 2 * vocab, vocab, 0.5)
+    target = target.reshape(2, vocab, vocab)
+    target[0] = peaked
+    draft = np.broadcast_to(peaked, (2, vocab, vocab)).copy()
+    return _tree_case("tree-deep-chain2-v256-iid", (0, 1), "iid", peaked, peaked, 21,
+                      tables=(target, draft))
+
+
 def _case_builders() -> dict[str, Callable[[], TreeCase | GreedyTreeCase]]:
     """Every tree mutant's case builder by mutant name (see each builder's comment for why its
     case makes the mechanism act); a case is built on first use."""
@@ -1168,6 +1219,10 @@ def _case_builders() -> dict[str, Callable[[], TreeCase | GreedyTreeCase]]:
         # top 10 hold most of the residual's mass.
         "tree-residual-top-10-only": functools.partial(
             _tree_case, "tree-star3-v256-iid", (0, 0, 0), "iid", *_wide_root(19), 19),
+        # A chain of depth 2 at V = 256 whose root and depth-1 rows put 0.8 on token 0 (p and
+        # q), so the depth-2 node of token 0 is reached in about 60% of the trees; its row is
+        # Dirichlet(0.5), most of whose mass lies outside its top 10.
+        "tree-deep-nodes-top-10-only": _deep_chain_case,
         "tree-greedy-first-child-only": functools.partial(
             _greedy_tree_case, "tree-greedy-v8-first", (0, 0, 1, 2, 2), 10, repeat_first=False),
         "tree-greedy-highest-index-match": functools.partial(
@@ -1230,6 +1285,9 @@ def _specs() -> tuple[Mutant, ...]:
          "threshold_acc = 0.5: coin <= prob_acc / 0.5 doubles acceptance", SGLANG_SOURCE),
         ("tree-residual-top-10-only", residual_top_10_only, False, True,
          "final token sampled among p's top 10 only (sparse top-k fast path)",
+         FLASHINFER_SAMPLING_SOURCE),
+        ("tree-deep-nodes-top-10-only", deep_nodes_top_10_only, False, True,
+         "target law cut to its top 10 at nodes of depth >= 2 (sparse top-k past the root)",
          FLASHINFER_SAMPLING_SOURCE),
         ("tree-greedy-first-matching-path", greedy_first_matching_path, True, True,
          "longest match's length, first matching path's tokens", EAGLE_SOURCE),

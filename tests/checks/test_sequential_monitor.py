@@ -229,3 +229,21 @@ def test_chain_independence_monitor_tests_independence_only() -> None:
     shared = pair_state(p0, 8000)
     update_pairs(shared, np.repeat(first[::2], 2), pairs)
     assert shared.log_evalue > threshold
+
+
+def test_tree_monitor_pooled_pit_e_process_stops_a_law_error_beyond_depth_1() -> None:
+    """The pooled PIT e-process: on the V = 1024 EAGLE-like tree, the reference does not cross
+    it; the law cut to its top 10 at depth >= 2 crosses it (and only the pooled key), within
+    4096 trees (fixed seeds)."""
+    from losslessness.checks.tree_assertions import POOLED
+    from losslessness.zoo.tree import deep_nodes_top_10_only
+
+    case = next(c for c in default_tree_battery() if c.case_id == "tree-eagle-v1024-topk")
+    context = CheckContext("t", case.case_id, case.summary, case.case_hash, 1e-4, 0.9, 0.05, 0)
+    key = ("tree.law", 0, 0, POOLED)
+    good = TreeMonitor(case, 4096, 1e-6, context)
+    sample_tree(verify_tree, case, 4096, 3, monitor=good.update)
+    assert not good.evidence()[key].crossed
+    bad = TreeMonitor(case, 4096, 1e-6, context)
+    sample_tree(deep_nodes_top_10_only, case, 4096, 3, monitor=bad.update)
+    assert bad.decision is not None and bad.decision.crossed == [key]

@@ -404,3 +404,37 @@ def test_tree_case_in_float32_gives_float32_inputs_and_the_reference_passes_its_
     assert _verdicts(results) == {Verdict.PASS}
     with pytest.raises(InvalidInputError, match="input_dtype"):
         tree_case_in_dtype(case, torch.bfloat16)
+
+
+def test_pooled_pit_law_sees_a_law_error_beyond_depth_1_that_no_class_test_sees() -> None:
+    """The pooled PIT assertion (issue 21's remaining tree weakness): on the battery's EAGLE-like
+    V = 1024 tree, whose nodes beyond the root split into classes too rare for an identity test
+    of their own, the reference PASSes every law result; cutting the law at depth >= 2 to its
+    top 10 (``tree-deep-nodes-top-10-only``) leaves every per-class identity test and the exact
+    part passing and is LOSSY by the pooled test alone (4096 trees, fixed seeds)."""
+    case = _case("tree-eagle-v1024-topk")
+    assertions = tree_assertions(case)
+    assert assertions.pooled and assertions.count(("tree.law",)) == 1 + sum(
+        c.statistical for c in assertions.classes
+    )
+    good = check_tree_law(sample_tree(verify_tree, case, 4096, 5), _context(case.case_id))
+    assert _verdicts(good) == {Verdict.PASS}
+    pooled = [r for r in good if r.details.get("pit")]
+    assert len(pooled) == 1 and pooled[0].n > 1000 and pooled[0].min_detectable_tv < 0.1
+    bad = check_tree_law(sample_tree(tree_zoo.deep_nodes_top_10_only, case, 4096, 5),
+                         _context(case.case_id))
+    lossy = [r for r in bad if r.verdict is Verdict.LOSSY]
+    assert [r.details.get("pit") for r in lossy] == [True], [r.message for r in lossy]
+
+
+def test_pooled_pit_law_is_only_in_the_audits_design() -> None:
+    """A caller naming its classes (the property suite) gets no pooled test; a case whose rare
+    classes are reached less than ``POOLED_REACH_FLOOR`` times per step makes none."""
+    case = _case("tree-eagle-iid")
+    samples = sample_tree(verify_tree, case, 1024, 4)
+    named = [c for c in tree_assertions(case).classes if c.statistical]
+    assert not any(r.details.get("pit") for r in check_tree_law(samples, _context("x"), named))
+    assert any(r.details.get("pit") for r in check_tree_law(samples, _context("x")))
+    zeros = _case("tree-zeros-topk")
+    assert tree_assertions(zeros).pooled_reach < tree_assertions_module.POOLED_REACH_FLOOR
+    assert not tree_assertions(zeros).pooled

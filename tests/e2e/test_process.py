@@ -167,3 +167,21 @@ def test_a_keep_alive_connection_the_server_closed_is_reopened_once() -> None:
         engine._connection.sock.shutdown(2)
         assert engine.request_json("/echo", {"n": 2})["echo"] == {"n": 2}
         assert engine.starts == 1
+
+
+def test_a_default_log_is_removed_at_exit_unless_an_error_named_it() -> None:
+    """A server given no log path writes to a temporary file; at interpreter exit
+    (``remove_temporary_logs``) that file is removed after a clean run and kept after an error
+    that named it (the operator reads it)."""
+    from losslessness.adapters.e2e.process import remove_temporary_logs
+
+    with server("spawn") as clean:
+        assert clean.request_json("/echo", {"x": 1})["echo"] == {"x": 1}
+    failed = server("exit")
+    with pytest.raises(EngineProcessError) as info:
+        failed.start()
+    assert clean.log_path is not None and failed.log_path is not None
+    assert clean.log_path.exists() and str(failed.log_path) in str(info.value)
+    remove_temporary_logs()
+    assert not clean.log_path.exists() and failed.log_path.exists()
+    failed.log_path.unlink()

@@ -27,7 +27,7 @@ LOSSY_TREE_MUTANTS = [
 ]
 """The lossy tree mutants not already shown, in detail, by the two tests on ``wrong_run``."""
 
-BEYOND_SUITE_VOCAB = {
+BEYOND_SUITE_VOCAB: dict[str, pytest.MarkDecorator | list[pytest.MarkDecorator]] = {
     "tree-residual-top-10-only": pytest.mark.xfail(
         strict=True,
         reason="known gap: the suite's tree strategies draw V <= 16, where a residual kept to "
@@ -35,6 +35,18 @@ BEYOND_SUITE_VOCAB = {
         "cases catch it (tests/adapters/test_tree_mutants.py). Strict: a suite that starts "
         "catching it fails here, so this mark is removed then.",
     ),
+    "tree-deep-nodes-top-10-only": [
+        pytest.mark.xfail(
+            strict=True,
+            reason="known gap: the suite's tree strategies draw V <= 16, where a law cut to its "
+            "10 most likely tokens at depth >= 2 loses too little mass to show; the audit's "
+            "V = 1024 EAGLE-like tree catches it by the pooled PIT law test "
+            "(tests/checks/test_tree.py). Strict: a suite that starts catching it fails here, "
+            "so this mark is removed then.",
+        ),
+        # The same gap as the top-10 residual's, shown by default above: 10 s more of tox.
+        pytest.mark.slow,
+    ],
 }
 """Lossy tree mutants whose mechanism needs a vocabulary the suite does not draw."""
 

@@ -38,7 +38,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["EngineProcessError", "ServerProcess", "die_with_parent", "free_loopback_port"]
+__all__ = [
+    "EngineProcessError",
+    "ServerProcess",
+    "die_with_parent",
+    "free_loopback_port",
+    "remove_temporary_logs",
+]
 
 LOOPBACK = "127.0.0.1"
 """Servers listen here only."""
@@ -108,12 +114,26 @@ class _Launcher:
 
 _LAUNCHER = _Launcher()
 _LIVE: weakref.WeakSet[ServerProcess] = weakref.WeakSet()
+_TEMPORARY_LOGS: set[Path] = set()
+"""Logs the servers of this process were given by default that no error has named: removed at
+interpreter exit (a test run started hundreds of servers and left their logs in /tmp)."""
 
 
 @atexit.register
 def _stop_every_server() -> None:
     for server in list(_LIVE):
         server.stop()
+    remove_temporary_logs()
+
+
+def remove_temporary_logs() -> None:
+    """Delete the default (temporary) logs of this process's servers that no
+    :class:`EngineProcessError` named; run at interpreter exit. A log an error named is kept
+    for the operator to read."""
+    for path in list(_TEMPORARY_LOGS):
+        _TEMPORARY_LOGS.discard(path)
+        with contextlib.suppress(OSError):
+            path.unlink()
 
 
 class ServerProcess:
@@ -126,7 +146,8 @@ class ServerProcess:
         startup_timeout_s: seconds the server has to become healthy.
         request_timeout_s: seconds one request may take.
         environment: variables added to the server's environment.
-        log_path: where its stdout and stderr go (default: a temporary file, kept for errors).
+        log_path: where its stdout and stderr go (default: a temporary file, removed at
+            interpreter exit unless an error named it, :func:`remove_temporary_logs`).
         death_signal: what the server gets when the process that started it dies: SIGKILL; a
             server that stops its own process group on SIGTERM (the shims:
             :func:`~losslessness.adapters.e2e.shims.json_server.serve`) gets SIGTERM, so that
@@ -181,6 +202,8 @@ class ServerProcess:
         return text[-LOG_TAIL_CHARS:]
 
     def _failure(self, what: str) -> EngineProcessError:
+        if self.log_path is not None:
+            _TEMPORARY_LOGS.discard(self.log_path)
         code = None if self._process is None else self._process.poll()
         status = "running" if code is None else f"exit code {code}"
         return EngineProcessError(
@@ -220,6 +243,7 @@ class ServerProcess:
             handle, name = tempfile.mkstemp(prefix="losslessness-engine-", suffix=".log")
             os.close(handle)
             self.log_path = Path(name)
+            _TEMPORARY_LOGS.add(self.log_path)
         command = [part.replace("{port}", str(self.port)) for part in self.command]
         environment = {**os.environ, **self.environment}
         log = self.log_path.open("ab")
