@@ -1,15 +1,18 @@
-"""Case files: a user's chain, tree and serving cases in TOML (``--case-file FILE.toml``; the
-format, every field with its default and range, in docs/case-file.md).
+"""Case files: a user's chain, tree, serving and serving tree cases in TOML (``--case-file
+FILE.toml``; the format, every field with its default and range, in docs/case-file.md).
 
-A case file holds arrays of tables ``[[chain]]``, ``[[tree]]`` and ``[[serving]]``, one case
-each, named by a unique ``id``. :func:`read_case_file` parses it with :mod:`tomllib` and
-validates every field before anything is built; an error names the file, the table
-(``chain[2]``, with its id when it has one) and the field (``vocab_size: must be >= 2, got
-1``). The cases are built from the battery's own builders
+A case file holds arrays of tables ``[[chain]]``, ``[[tree]]``, ``[[serving]]`` and
+``[[serving_tree]]``, one case each, named by a unique ``id``. :func:`read_case_file` parses
+it with :mod:`tomllib` and validates every field before anything is built; an error names the
+file, the table (``chain[2]``, with its id when it has one) and the field (``vocab_size: must
+be >= 2, got 1``). The cases are built from the battery's own builders
 (:func:`losslessness.batteries.chain.chain_case`, :mod:`losslessness.batteries.builders`,
-:class:`losslessness.batteries.serving.ServingDraws`), each from its table's ``seed``, so a file
-gives the same cases, and hashes, on every machine. The run adds them to the battery's cases
-and plans them inside its one error budget (:mod:`losslessness.engine.plan`).
+:class:`losslessness.batteries.serving.ServingDraws`,
+:func:`losslessness.batteries.serving_tree.serving_tree_case`), each from its table's ``seed``,
+so a file gives the same cases, and hashes, on every machine. A serving tree case's target laws
+are an engine profile's: it is built for the profile of the target that runs it
+(:meth:`CaseFile.serving_tree_cases`). The run adds them to the battery's cases and plans them
+inside its one error budget (:mod:`losslessness.engine.plan`).
 """
 
 from __future__ import annotations
@@ -37,6 +40,11 @@ from losslessness.batteries.builders import (
 )
 from losslessness.batteries.chain import LOGIT_SCALE, chain_case
 from losslessness.batteries.serving import ServingDraws
+from losslessness.batteries.serving_tree import (
+    reads_path_tokens,
+    serving_tree_case,
+    serving_tree_tables,
+)
 from losslessness.batteries.tree import (
     CALL_CELLS,
     LM_DRAFT_NOISE,
@@ -49,6 +57,7 @@ from losslessness.batteries.tree import (
 from losslessness.cases import (
     CHAIN_INPUT_DTYPES,
     SERVING_DTYPES,
+    SERVING_TREE_DTYPES,
     ChainCase,
     ServingCase,
     ServingRow,
@@ -68,11 +77,12 @@ __all__ = [
     "ChainSpec",
     "ServingRowSpec",
     "ServingSpec",
+    "ServingTreeSpec",
     "TreeSpec",
     "read_case_file",
 ]
 
-CASE_FILE_KINDS = ("chain", "tree", "serving")
+CASE_FILE_KINDS = ("chain", "tree", "serving", "serving_tree")
 """The tables a case file may hold (each an array of tables)."""
 
 MAX_VOCAB = 1 << 18
@@ -121,6 +131,10 @@ TREE_LAWS = ("lm", "dirichlet")
 """How a tree case's p and q are drawn (``laws``): ``lm``, softmax of random logits
 (:func:`~losslessness.batteries.builders.softmax_markov_tables`), or ``dirichlet``
 (:func:`~losslessness.batteries.builders.markov_tables`)."""
+
+MAX_SERVING_TREE_ROWS = 64
+"""Most table rows per depth of a serving tree case (each row's law is the profile's, computed
+once per depth and row when the case is built)."""
 
 _Spec = TypeVar("_Spec", "ChainSpec", "TreeSpec", "ServingSpec")
 _Case = TypeVar("_Case", ChainCase, TreeCase, ServingCase)
@@ -338,22 +352,55 @@ class ServingSpec:
 
 
 @dataclass(frozen=True)
+class ServingTreeSpec:
+    """A validated ``[[serving_tree]]`` table (docs/case-file.md).
+
+    Attributes:
+        where: the table, for errors. case_id: ``id``. parents: the topology. shape: the
+            named shape, or ``"parents"``. scheme: one of
+            :data:`losslessness.protocol.DRAFT_SCHEMES`. vocab_size: V. rows: raw logit rows
+            per depth (token x reads row ``x mod rows``). logit_scale: sd of the Gaussian
+            logits. batch_size: trees per call. dtype: a key of
+            :data:`losslessness.cases.SERVING_TREE_DTYPES`. profile: the profile the request
+            was checked against, or None. seed: the builder's seed. label: what the request
+            exercises. request: every tree's request.
+    """
+
+    where: str
+    case_id: str
+    parents: tuple[int, ...]
+    shape: str
+    scheme: str
+    vocab_size: int
+    rows: int
+    logit_scale: float
+    batch_size: int
+    dtype: str
+    profile: str | None
+    seed: int
+    label: str
+    request: Request
+
+
+@dataclass(frozen=True)
 class CaseFile:
     """A read case file: its path and its validated tables, in file order.
 
     Attributes:
-        path: the file, as given. chain, tree, serving: the tables of each kind.
+        path: the file, as given. chain, tree, serving, serving_tree: the tables of each
+            kind.
     """
 
     path: str
     chain: tuple[ChainSpec, ...] = ()
     tree: tuple[TreeSpec, ...] = ()
     serving: tuple[ServingSpec, ...] = ()
+    serving_tree: tuple[ServingTreeSpec, ...] = ()
 
     @property
-    def specs(self) -> tuple[ChainSpec | TreeSpec | ServingSpec, ...]:
+    def specs(self) -> tuple[ChainSpec | TreeSpec | ServingSpec | ServingTreeSpec, ...]:
         """Every table, chain first."""
-        return (*self.chain, *self.tree, *self.serving)
+        return (*self.chain, *self.tree, *self.serving, *self.serving_tree)
 
     @property
     def case_ids(self) -> tuple[str, ...]:
@@ -376,6 +423,25 @@ class CaseFile:
     def serving_cases(self) -> list[ServingCase]:
         """The serving cases, built (errors as :meth:`chain_cases`)."""
         return [self._built(spec, _build_serving) for spec in self.serving]
+
+    def serving_tree_cases(self, profile: str, dtype: str | None = None) -> list[TreeCase]:
+        """The serving tree cases, built for engine profile ``profile`` (the target's: the
+        cases' target laws are its law of their logits), their logits in ``dtype`` (the run's
+        ``--dtype``) or each table's own.
+
+        Raises:
+            CaseFileError: naming the table, when ``profile`` does not implement its request
+                (or the builder refuses the case otherwise).
+        """
+        cases = []
+        for spec in self.serving_tree:
+            try:
+                cases.append(_build_serving_tree(spec, profile, dtype or spec.dtype))
+            except (ValueError, UnsupportedRequest) as error:
+                raise CaseFileError(
+                    self.path, spec.where, "", f"cannot be built for profile {profile!r}: {error}"
+                ) from error
+        return cases
 
     def _built(self, spec: _Spec, build: Callable[[_Spec], _Case]) -> _Case:
         try:
@@ -427,7 +493,8 @@ def read_case_file(path: str | Path) -> CaseFile:
     if unknown:
         raise CaseFileError(
             name, "", unknown[0],
-            "unknown table; a case file holds [[chain]], [[tree]] and [[serving]] tables",
+            "unknown table; a case file holds [[chain]], [[tree]], [[serving]] and "
+            "[[serving_tree]] tables",
         )
     tables: dict[str, list[Any]] = {}
     for kind in CASE_FILE_KINDS:
@@ -437,8 +504,11 @@ def read_case_file(path: str | Path) -> CaseFile:
         tables[kind] = value
     seen: dict[str, str] = {}
     specs: dict[str, list[Any]] = {kind: [] for kind in CASE_FILE_KINDS}
-    readers: dict[str, Callable[[str, str, Any], ChainSpec | TreeSpec | ServingSpec]] = {
+    readers: dict[
+        str, Callable[[str, str, Any], ChainSpec | TreeSpec | ServingSpec | ServingTreeSpec]
+    ] = {
         "chain": _chain_spec, "tree": _tree_spec, "serving": _serving_spec,
+        "serving_tree": _serving_tree_spec,
     }
     for kind in CASE_FILE_KINDS:
         for index, values in enumerate(tables[kind]):
@@ -446,13 +516,14 @@ def read_case_file(path: str | Path) -> CaseFile:
             case_id = values.get("id") if isinstance(values, dict) else None
             if isinstance(case_id, str):
                 where += f" (id {case_id!r})"
-            spec: ChainSpec | TreeSpec | ServingSpec = readers[kind](name, where, values)
+            spec = readers[kind](name, where, values)
             if spec.case_id in seen:
                 raise CaseFileError(name, where, "id",
                                     f"duplicate id {spec.case_id!r} (also {seen[spec.case_id]})")
             seen[spec.case_id] = where
             specs[kind].append(spec)
-    return CaseFile(name, tuple(specs["chain"]), tuple(specs["tree"]), tuple(specs["serving"]))
+    return CaseFile(name, tuple(specs["chain"]), tuple(specs["tree"]), tuple(specs["serving"]),
+                    tuple(specs["serving_tree"]))
 
 
 def _case_id(table: _Table) -> str:
@@ -518,24 +589,33 @@ def _parents(table: _Table) -> tuple[int, ...]:
     return tuple(value)
 
 
-def _tree_spec(path: str, where: str, values: Any) -> TreeSpec:
-    table = _Table(path, where, values, _TREE_FIELDS)
-    case_id = _case_id(table)
+def _topology(table: _Table) -> tuple[str, tuple[int, ...]]:
+    """``(shape, parents)`` of a tree table: a named ``shape`` or its ``parents``."""
     if table.has("shape") == table.has("parents"):
         table.fail("shape", "give exactly one of shape (a named tree) and parents")
     if table.has("shape"):
         shape = table.choice("shape", _REQUIRED, TREE_SHAPES)
-        parents = TREE_SHAPES[shape]
-    else:
-        shape, parents = "parents", _parents(table)
-    scheme = table.choice("scheme", "iid", DRAFT_SCHEMES)
-    laws = table.choice("laws", "lm", TREE_LAWS)
-    high = MAX_DIRICHLET_TREE_VOCAB if laws == "dirichlet" else MAX_VOCAB
-    vocab = table.integer("vocab_size", 16, 2, high)
+        return shape, TREE_SHAPES[shape]
+    return "parents", _parents(table)
+
+
+def _check_siblings(table: _Table, parents: tuple[int, ...], scheme: str, vocab: int) -> None:
+    """Refuse a vocabulary too small for the largest sibling group of distinct drafts."""
     siblings = max(parents.count(node) for node in set(parents))
     if scheme != "iid" and siblings > vocab:
         table.fail("vocab_size", f"{vocab} tokens cannot give {siblings} distinct siblings "
                    f"({scheme} drafts)")
+
+
+def _tree_spec(path: str, where: str, values: Any) -> TreeSpec:
+    table = _Table(path, where, values, _TREE_FIELDS)
+    case_id = _case_id(table)
+    shape, parents = _topology(table)
+    scheme = table.choice("scheme", "iid", DRAFT_SCHEMES)
+    laws = table.choice("laws", "lm", TREE_LAWS)
+    high = MAX_DIRICHLET_TREE_VOCAB if laws == "dirichlet" else MAX_VOCAB
+    vocab = table.integer("vocab_size", 16, 2, high)
+    _check_siblings(table, parents, scheme, vocab)
     if laws == "lm":
         table.unused(["closeness", "zeros"], "by laws = 'lm' (only dirichlet)")
     else:
@@ -602,6 +682,23 @@ def _serving_spec(path: str, where: str, values: Any) -> ServingSpec:
 def _serving_row(path: str, where: str, prefix: str, values: Any, vocab: int, k: int,
                  draft_probs: bool, profile: str | None) -> ServingRowSpec:
     table = _Table(path, where, values, _ROW_FIELDS, prefix)
+    request = _request(table, vocab, profile)
+    if draft_probs:
+        support = table.integer("draft_support", None, 1, vocab)
+    else:
+        table.unused(["draft_support"], "without draft probabilities (draft_probs = false)")
+        support = None
+    return ServingRowSpec(
+        label=table.text("label", _label(request)),
+        request=request,
+        num_draft_tokens=table.integer("num_draft_tokens", k, 0, k),
+        draft_support=support,
+    )
+
+
+def _request(table: _Table, vocab: int, profile: str | None) -> Request:
+    """The :class:`~losslessness.requests.Request` of ``table``'s request fields, checked
+    against the vocabulary and, when given, ``profile``."""
     fields = {name: table.values[name] for name in _REQUEST_FIELDS if table.has(name)}
     for name, value in fields.items():
         if isinstance(value, list):
@@ -628,16 +725,43 @@ def _serving_row(path: str, where: str, prefix: str, values: Any, vocab: int, k:
                                      request.output_token_ids)
         except UnsupportedRequest as error:
             table.fail("request", f"profile {profile!r} does not implement it: {error}")
-    if draft_probs:
-        support = table.integer("draft_support", None, 1, vocab)
-    else:
-        table.unused(["draft_support"], "without draft probabilities (draft_probs = false)")
-        support = None
-    return ServingRowSpec(
+    return request
+
+
+_SERVING_TREE_FIELDS = ("id", "shape", "parents", "scheme", "vocab_size", "rows", "logit_scale",
+                        "batch_size", "dtype", "profile", "seed", "label", "request")
+
+
+def _serving_tree_spec(path: str, where: str, values: Any) -> ServingTreeSpec:
+    table = _Table(path, where, values, _SERVING_TREE_FIELDS)
+    case_id = _case_id(table)
+    shape, parents = _topology(table)
+    scheme = table.choice("scheme", "iid", DRAFT_SCHEMES)
+    vocab = table.integer("vocab_size", 16, 2, MAX_VOCAB)
+    _check_siblings(table, parents, scheme, vocab)
+    rows = table.integer("rows", min(vocab, 2), 1, min(vocab, MAX_SERVING_TREE_ROWS))
+    profile = table.choice("profile", None, PROFILES) if table.has("profile") else None
+    raw = table._get("request", {})
+    request = _request(_Table(path, where, raw, _REQUEST_FIELDS, "request."), vocab, profile)
+    if reads_path_tokens(request):
+        table.fail("request", "penalties read the tokens on a node's path, and the tree checks "
+                   "pool nodes by depth and token: use a [[serving]] case for penalties")
+    default_batch = max(2, min(TREE_BATCH, CALL_CELLS // ((len(parents) + 1) * vocab)))
+    return ServingTreeSpec(
+        where=where,
+        case_id=case_id,
+        parents=parents,
+        shape=shape,
+        scheme=scheme,
+        vocab_size=vocab,
+        rows=rows,
+        logit_scale=table.number("logit_scale", 1.5, 0.0, low_open=True),
+        batch_size=table.integer("batch_size", default_batch, 1),
+        dtype=table.choice("dtype", "float32", SERVING_TREE_DTYPES),
+        profile=profile,
+        seed=table.integer("seed", 0, 0),
         label=table.text("label", _label(request)),
         request=request,
-        num_draft_tokens=table.integer("num_draft_tokens", k, 0, k),
-        draft_support=support,
     )
 
 
@@ -753,3 +877,20 @@ def _build_serving(spec: ServingSpec) -> ServingCase:
                f"{spec.copies}{drafts} (case file)")
     return ServingCase(spec.case_id, summary, tuple(rows), spec.copies, spec.dtype,
                        spec.max_steps)
+
+
+@functools.cache
+def _build_serving_tree(spec: ServingTreeSpec, profile: str, dtype: str) -> TreeCase:
+    generator = torch.Generator().manual_seed(spec.seed)
+    root, table, root_q, table_q = serving_tree_tables(
+        generator, tree_depth(spec.parents), spec.rows, spec.vocab_size, spec.logit_scale
+    )
+    return serving_tree_case(
+        spec.case_id,
+        f"{spec.label}; {spec.shape} N={len(spec.parents)} V={spec.vocab_size} ({spec.rows} "
+        f"table rows) {spec.scheme}, {spec.batch_size} trees per call (case file)",
+        spec.parents, spec.scheme, root, table, root_q, table_q, spec.request, profile, dtype,
+        batch_size=spec.batch_size,
+        token_rows=torch.arange(spec.vocab_size, dtype=torch.int64) % spec.rows,
+        tags=frozenset({"case-file", spec.shape, spec.scheme}),
+    )

@@ -36,6 +36,7 @@ __all__ = [
     "default_serving_tree_battery",
     "reads_path_tokens",
     "serving_tree_case",
+    "serving_tree_tables",
 ]
 
 SERVING_TREE_SEED = 20_311
@@ -138,24 +139,33 @@ def serving_tree_case(
     )
 
 
+def serving_tree_tables(
+    generator: torch.Generator, depth: int, rows: int, vocab: int, scale: float = 1.5
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Raw logit tables of a serving tree case and draft laws near them, drawn from
+    ``generator``: ``(root logits [V], logit table [D, S, V], root q [V], q table [D, S, V])``,
+    float64, the logits Gaussian times ``scale``, q the softmax of the logits plus unit
+    Gaussian noise (portably rounded). ``S = rows`` table rows per depth."""
+    root = torch.randn(vocab, generator=generator, dtype=torch.float64) * scale
+    table = torch.randn(depth, rows, vocab, generator=generator, dtype=torch.float64) * scale
+    noise_root = torch.randn(vocab, generator=generator, dtype=torch.float64)
+    noise = torch.randn(depth, rows, vocab, generator=generator, dtype=torch.float64)
+    root_q = torch.from_numpy(softmax((root + noise_root).numpy()))
+    table_q = torch.from_numpy(softmax((table + noise).numpy()))
+    return root, table, root_q, table_q
+
+
 class _Draws:
-    """Raw logit tables and draft laws near them, each draw advancing one seeded generator."""
+    """The battery's tables (:func:`serving_tree_tables`), each draw advancing one generator
+    seeded with :data:`SERVING_TREE_SEED`."""
 
     def __init__(self) -> None:
         self.generator = torch.Generator().manual_seed(SERVING_TREE_SEED)
 
     def tables(self, depth: int, rows: int, vocab: int, scale: float = 1.5
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``(root logits [V], logit table [D, S, V], root q [V], q table [D, S, V])``; q is
-        the softmax of the logits plus unit Gaussian noise (portably rounded)."""
-        root = torch.randn(vocab, generator=self.generator, dtype=torch.float64) * scale
-        table = torch.randn(depth, rows, vocab, generator=self.generator,
-                            dtype=torch.float64) * scale
-        noise_root = torch.randn(vocab, generator=self.generator, dtype=torch.float64)
-        noise = torch.randn(depth, rows, vocab, generator=self.generator, dtype=torch.float64)
-        root_q = torch.from_numpy(softmax((root + noise_root).numpy()))
-        table_q = torch.from_numpy(softmax((table + noise).numpy()))
-        return root, table, root_q, table_q
+        """The next case's tables (:func:`serving_tree_tables`)."""
+        return serving_tree_tables(self.generator, depth, rows, vocab, scale)
 
 
 def _depth(parents: tuple[int, ...]) -> int:

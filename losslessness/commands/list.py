@@ -16,7 +16,7 @@ from losslessness.batteries import (
     default_serving_battery,
     default_tree_battery,
 )
-from losslessness.batteries.case_file import read_case_file
+from losslessness.batteries.case_file import CaseFile, read_case_file
 from losslessness.batteries.serving_tree import default_serving_tree_battery
 from losslessness.cases import ChainCase, ServingCase, TreeCase
 from losslessness.checks import ALL_CHECK_IDS
@@ -67,7 +67,8 @@ def engine_version(distribution: str) -> str:
 
 def case_file_table(path: str) -> Table:
     """The cases of a case file (``list --case-file``): id, protocol, summary and hash, each
-    built as a run builds it.
+    built as a run builds it (a serving tree case for the table's ``profile``; without one
+    its laws wait for a target's profile, and it is listed unbuilt).
 
     Raises:
         click.BadParameter: an invalid file, naming ``--case-file``, the table and the field.
@@ -79,6 +80,10 @@ def case_file_table(path: str) -> Table:
             *(("tree", case) for case in file.tree_cases()),
             *(("serving", case) for case in file.serving_cases()),
         ]
+        for spec in file.serving_tree:
+            if spec.profile is not None:
+                one = CaseFile(file.path, serving_tree=(spec,))
+                built += [("serving-tree", case) for case in one.serving_tree_cases(spec.profile)]
     except ValueError as error:
         raise click.BadParameter(
             str(error).removeprefix("case_file: "), param_hint="--case-file"
@@ -88,6 +93,10 @@ def case_file_table(path: str) -> Table:
         table.add_column(column)
     for protocol, case in built:
         table.add_row(case.case_id, protocol, case.summary, case.case_hash)
+    for spec in file.serving_tree:
+        if spec.profile is None:
+            table.add_row(spec.case_id, "serving-tree",
+                          f"{spec.label}; built for each target's engine profile", "-")
     return table
 
 

@@ -597,6 +597,8 @@ def select_cases(
         known |= {case.case_id for case in default_greedy_tree_battery()}
         known |= {case.case_id for case in _serving_battery(config)}
         known |= set(SERVING_TREE_CASE_IDS)
+        if file is not None:
+            known |= {spec.case_id for spec in file.serving_tree}
         known.add(SEED_CONTRACT_CASE_ID)
         known |= e2e_names
         unknown = sorted(set(config.cases) - known)
@@ -693,13 +695,16 @@ def select_serving_cases(config: RunConfig) -> list[ServingCase]:
 
 def select_serving_tree_cases(config: RunConfig, adapter: Adapter) -> list[TreeCase]:
     """The serving tree battery built for ``adapter``'s engine profile
-    (:func:`~losslessness.batteries.serving_tree.default_serving_tree_battery`), its logits in
-    ``--dtype`` when given (float32 by default), ``--batch-size`` trees per call, that the run
+    (:func:`~losslessness.batteries.serving_tree.default_serving_tree_battery`) and the case
+    file's serving tree cases built for it, their logits in ``--dtype`` when given (float32,
+    or the file table's own, by default), ``--batch-size`` trees per call, that the run
     covers (``config.cases`` and ``config.only``); unknown ids are :func:`select_cases`'s to
     reject.
 
     Raises:
         ValueError: naming the target when it names no engine profile, or an unknown one.
+        CaseFileError: a case file's serving tree case whose request the profile does not
+            implement (naming the table).
     """
     if not adapter.engine_profile:
         raise ValueError(
@@ -710,6 +715,9 @@ def select_serving_tree_cases(config: RunConfig, adapter: Adapter) -> list[TreeC
         cases = default_serving_tree_battery(adapter.engine_profile, config.dtype or "float32")
     except ValueError as error:
         raise ValueError(f"targets: {adapter.name}: {error}") from None
+    file = case_file_of(config)
+    if file is not None:
+        cases += file.serving_tree_cases(adapter.engine_profile, config.dtype)
     cases = _trees_per_call(cases, config)
     if config.cases:
         cases = [case for case in cases if case.case_id in config.cases]

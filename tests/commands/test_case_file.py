@@ -1,6 +1,7 @@
-"""``--case-file FILE.toml`` (docs/case-file.md): the example file's chain, tree and serving
-cases run beside the battery in the run's one error budget (the reference LOSSLESS on each,
-a top-10-residual tree verifier LOSSY on its V = 1024 tree case), their replay lines carry the
+"""``--case-file FILE.toml`` (docs/case-file.md): the example file's chain, tree, serving and
+serving tree cases run beside the battery in the run's one error budget (the reference
+LOSSLESS on each, a top-10-residual tree verifier LOSSY on its V = 1024 tree case, a serving
+tree verifier that ignores min-p LOSSY on its min-p tree), their replay lines carry the
 file and reproduce, ``list`` shows them, and a bad file exits 2 naming the file, the table and
 the field. Also: a planning error names the flag the user typed (``--dtype``), not the config
 field (``dtype:``).
@@ -33,6 +34,7 @@ EXAMPLE = Path(__file__).parents[2] / "docs" / "examples" / "cases.toml"
 CHAIN_IDS = ("file-lm-v512-b1", "file-zeros-v12")
 TREE_IDS = ("file-star4-v1024", "file-tree-wor-v6")
 SERVING_ID = "file-serving-mixed"
+SERVING_TREE_ID = "file-stree-eagle-min-p"
 
 
 def run_cli(*args: str) -> Result:
@@ -111,6 +113,46 @@ def test_example_file_serving_case_runs_lossless_for_its_profile(tmp_path: Path)
     assert SERVING_ID in checks_by_case(record)
 
 
+@pytest.mark.parametrize(
+    ("target", "exit_code"),
+    [("mutant/serving-tree-reference", 0), ("mutant/serving-tree-ignores-min-p", 1)],
+)
+def test_example_file_serving_tree_case_runs_for_the_targets_profile(
+    tmp_path: Path, target: str, exit_code: int
+) -> None:
+    """The example's EAGLE-like min-p tree at V = 2048, built for the serving tree target's
+    profile (vllm-v1): the reference serving tree verifier is LOSSLESS on it, one that ignores
+    min-p LOSSY (a token min-p removes is emitted)."""
+    result, record = audit(
+        tmp_path, target, "--case-file", str(EXAMPLE), "--case", SERVING_TREE_ID,
+        "--steps", "1024",
+    )
+    assert result.exit_code == exit_code, result.output
+    checks = checks_by_case(record)[SERVING_TREE_ID]
+    assert {c["check_id"] for c in checks} >= {"tree.structure", "tree.law"}
+    assert "vllm-v1" in checks[0]["case_summary"]
+
+
+def test_a_serving_tree_table_is_built_for_each_profile_and_dtype(tmp_path: Path) -> None:
+    """The file's serving tree case is built for the profile asked (its target laws that
+    profile's), its logits in the run's ``--dtype`` or the table's own; a profile that does not
+    implement the request (SGLang has no bad token ids) is a CaseFileError naming the table."""
+    file = read_case_file(EXAMPLE)
+    vllm = file.serving_tree_cases("vllm-v1")[0]
+    sglang = file.serving_tree_cases("sglang-torch", "bfloat16")[0]
+    assert vllm.case_id == sglang.case_id == SERVING_TREE_ID
+    assert vllm.serving is not None and sglang.serving is not None
+    assert (vllm.serving.dtype, sglang.serving.dtype) == ("float32", "bfloat16")
+    assert vllm.serving.profile == "vllm-v1" and sglang.serving.profile == "sglang-torch"
+    assert vllm.case_hash != sglang.case_hash
+    path = tmp_path / "bad-ids.toml"
+    path.write_text(
+        '[[serving_tree]]\nid = "t"\nshape = "chain"\nrequest = { bad_token_ids = [1] }\n'
+    )
+    with pytest.raises(CaseFileError, match=r"serving_tree\[0\] \(id 't'\): .*sglang-torch"):
+        read_case_file(path).serving_tree_cases("sglang-torch")
+
+
 def test_replay_line_of_a_file_case_reproduces_its_p_value(tmp_path: Path) -> None:
     """A lossy chain verifier's acceptance check on a file case replays, from its replay line
     alone (which carries ``--case-file``), to the same p-value."""
@@ -159,7 +201,7 @@ def test_list_shows_the_files_cases() -> None:
     """``list --case-file`` lists every case of the file with its protocol."""
     result = CliRunner().invoke(main, ["list", "--case-file", str(EXAMPLE)], terminal_width=250)
     assert result.exit_code == 0, result.output
-    for case_id in (*CHAIN_IDS, *TREE_IDS, SERVING_ID):
+    for case_id in (*CHAIN_IDS, *TREE_IDS, SERVING_ID, SERVING_TREE_ID):
         assert case_id in result.output
 
 
@@ -179,6 +221,13 @@ BAD_FILES = [
     ("unsupported request", '[[serving]]\nid = "s"\nprofile = "llama.cpp"\n[[serving.rows]]\n'
      "min_tokens = 2\nstop_token_ids = [0]\n",
      "serving[0] (id 's'): rows[0].request: profile 'llama.cpp' does not implement it"),
+    ("serving tree penalty", '[[serving_tree]]\nid = "t"\nshape = "chain"\n'
+     "[serving_tree.request]\nfrequency_penalty = 0.5\n",
+     "serving_tree[0] (id 't'): request: penalties read the tokens on a node's path"),
+    ("serving tree request field", '[[serving_tree]]\nid = "t"\nshape = "chain"\n'
+     "request = { top_q = 0.5 }\n", "serving_tree[0] (id 't'): request.top_q: unknown field"),
+    ("serving tree rows", '[[serving_tree]]\nid = "t"\nshape = "chain"\nvocab_size = 8\n'
+     "rows = 9\n", "serving_tree[0] (id 't'): rows: must be in [1, 8], got 9"),
     ("not TOML", "[[chain]\n", "not valid TOML"),
     ("unknown table", '[[greedy]]\nid = "g"\n', "greedy: unknown table"),
 ]
