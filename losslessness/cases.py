@@ -262,6 +262,12 @@ class ServingTree:
         logit_table: ``[D, S, V]`` float64, the raw logits at a node of depth ``d >= 1`` with
             token x: ``logit_table[d-1, row(x)]`` (the case's ``token_rows``), as received.
         dtype: the name of the logits' dtype, a key of :data:`SERVING_TREE_DTYPES`.
+        companions: the requests of the other trees of every call (a mixed batch): after each
+            of the case's trees come copies of it (same drafted tokens, logits and draft laws),
+            one per companion, each carrying that request. Only the case's own trees are
+            checked (each companion request has unmixed cases of its own), so a verifier
+            whose law for a tree depends on the other requests of its batch (a batch-level
+            greedy or filtering flag) fails here. Empty: every tree carries ``request``.
     """
 
     request: Request
@@ -269,6 +275,7 @@ class ServingTree:
     root_logits: torch.Tensor
     logit_table: torch.Tensor
     dtype: str = "float32"
+    companions: tuple[Request, ...] = ()
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -422,6 +429,8 @@ class TreeCase:
             # the profile's law computed with this CPU's exp kernels, may differ in the last
             # bit from one machine to the next, and its seeds derive from this hash.
             dtype += f"/{spec.profile}/{spec.dtype}/{spec.request!r}"
+            if spec.companions:
+                dtype += f"/with {spec.companions!r}"
             root, table = spec.root_logits, spec.logit_table
         return _tensor_hash(
             f"{self.case_id}/{self.draft_scheme}/{self.batch_size}{dtype}", self.parents_tensor,

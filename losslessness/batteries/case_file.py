@@ -363,7 +363,8 @@ class ServingTreeSpec:
             logits. batch_size: trees per call. dtype: a key of
             :data:`losslessness.cases.SERVING_TREE_DTYPES`. profile: the profile the request
             was checked against, or None. seed: the builder's seed. label: what the request
-            exercises. request: every tree's request.
+            exercises. request: the checked trees' request. companions: the requests of the
+            other trees of every call (:attr:`losslessness.cases.ServingTree.companions`).
     """
 
     where: str
@@ -380,6 +381,7 @@ class ServingTreeSpec:
     seed: int
     label: str
     request: Request
+    companions: tuple[Request, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -729,7 +731,11 @@ def _request(table: _Table, vocab: int, profile: str | None) -> Request:
 
 
 _SERVING_TREE_FIELDS = ("id", "shape", "parents", "scheme", "vocab_size", "rows", "logit_scale",
-                        "batch_size", "dtype", "profile", "seed", "label", "request")
+                        "batch_size", "dtype", "profile", "seed", "label", "request",
+                        "companions")
+
+MAX_COMPANIONS = 7
+"""Most companion requests of a serving tree case (each multiplies the trees per call)."""
 
 
 def _serving_tree_spec(path: str, where: str, values: Any) -> ServingTreeSpec:
@@ -746,6 +752,15 @@ def _serving_tree_spec(path: str, where: str, values: Any) -> ServingTreeSpec:
     if reads_path_tokens(request):
         table.fail("request", "penalties read the tokens on a node's path, and the tree checks "
                    "pool nodes by depth and token: use a [[serving]] case for penalties")
+    raw_companions = table._get("companions", [])
+    if not isinstance(raw_companions, list) or len(raw_companions) > MAX_COMPANIONS:
+        table.fail("companions", f"must be an array of at most {MAX_COMPANIONS} request tables "
+                   f"([{{ temperature = 0.0 }}, ...]), got {raw_companions!r}")
+    companions = tuple(
+        _request(_Table(path, where, raw, _REQUEST_FIELDS, f"companions[{index}]."), vocab,
+                 profile)
+        for index, raw in enumerate(raw_companions)
+    )
     default_batch = max(2, min(TREE_BATCH, CALL_CELLS // ((len(parents) + 1) * vocab)))
     return ServingTreeSpec(
         where=where,
@@ -762,6 +777,7 @@ def _serving_tree_spec(path: str, where: str, values: Any) -> ServingTreeSpec:
         seed=table.integer("seed", 0, 0),
         label=table.text("label", _label(request)),
         request=request,
+        companions=companions,
     )
 
 
@@ -893,4 +909,5 @@ def _build_serving_tree(spec: ServingTreeSpec, profile: str, dtype: str) -> Tree
         batch_size=spec.batch_size,
         token_rows=torch.arange(spec.vocab_size, dtype=torch.int64) % spec.rows,
         tags=frozenset({"case-file", spec.shape, spec.scheme}),
+        companions=spec.companions,
     )

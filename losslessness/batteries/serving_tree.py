@@ -15,7 +15,8 @@ bias, allowed and bad ids, ``min_tokens`` (its boundary falls at a depth) and gr
 Penalties read the tokens on the path; the serving chain battery covers them
 (:mod:`losslessness.batteries.serving`). The draft schemes are iid, without replacement and
 top-k (EAGLE's and SGLang's trees, whose siblings are the draft's top tokens). Every tree of
-one call carries the case's request: mixed batches are the chain battery's too.
+one call carries the case's request, except in the mixed-batch cases, whose calls carry other
+requests' trees beside the checked ones (:attr:`~losslessness.cases.ServingTree.companions`).
 """
 
 from __future__ import annotations
@@ -77,6 +78,7 @@ def serving_tree_case(
     batch_size: int = 64,
     token_rows: torch.Tensor | None = None,
     tags: frozenset[str] = frozenset(),
+    companions: tuple[Request, ...] = (),
 ) -> TreeCase:
     """A serving tree case: the target tables are ``profile``'s law of the raw logits, as the
     verifier receives them in ``dtype``, at each node's history length.
@@ -91,6 +93,9 @@ def serving_tree_case(
             at depth d adds d tokens.
         profile: the engine profile (or its registered name) whose law the tables hold.
         dtype: the logits' dtype, a key of :data:`~losslessness.cases.SERVING_TREE_DTYPES`.
+        companions: the other requests of every call (a mixed batch,
+            :attr:`~losslessness.cases.ServingTree.companions`), each one ``profile``
+            implements.
 
     Returns:
         The :class:`~losslessness.cases.TreeCase`, its ``serving`` set.
@@ -98,7 +103,8 @@ def serving_tree_case(
     Raises:
         ValueError: naming ``request`` for penalties (:func:`reads_path_tokens`), ``dtype``
             for an unknown dtype, ``logit_table`` for a shape that is not ``[D, S, V]``.
-        UnsupportedRequest: a field ``profile`` does not implement.
+        UnsupportedRequest: a field ``profile`` does not implement, in ``request`` or a
+            companion.
         InvalidInputError: :class:`~losslessness.cases.TreeCase`'s errors.
     """
     if reads_path_tokens(request):
@@ -118,6 +124,8 @@ def serving_tree_case(
             f"logit_table: expected [D, S, V] with V = {root.shape[-1]}, got {tuple(table.shape)}"
         )
     history = list(request.output_token_ids)
+    for companion in companions:
+        engine.law(root, companion, list(companion.output_token_ids))
     target_root = engine.law(root, request, history)
     target_table = torch.stack([
         torch.stack([engine.law(row, request, history + [0] * depth) for row in table[depth - 1]])
@@ -135,7 +143,7 @@ def serving_tree_case(
         batch_size=batch_size,
         tags=tags | {"serving"},
         token_rows=token_rows,
-        serving=ServingTree(request, engine.name, root, table, dtype),
+        serving=ServingTree(request, engine.name, root, table, dtype, tuple(companions)),
     )
 
 
@@ -195,12 +203,25 @@ _KINDS: tuple[tuple[str, str, tuple[int, ...], str, Request, int], ...] = (
 ``min_tokens`` case has V = 4, so that the tree checks' classes of nodes past the boundary
 (one per depth and token) each get an identity test."""
 
+_MIXED: tuple[tuple[str, str, Request, tuple[Request, ...]], ...] = (
+    ("stree-mixed-sampled", "T 0.8 top-p 0.9 beside a greedy and a T 0.5 top-k 3 request",
+     Request(temperature=0.8, top_p=0.9),
+     (Request(temperature=0.0), Request(temperature=0.5, top_k=3))),
+    ("stree-mixed-greedy", "greedy beside a T 1 and a T 0.7 top-p 0.8 request",
+     Request(temperature=0.0), (Request(), Request(temperature=0.7, top_p=0.8))),
+)
+"""``(case id, summary, the checked request, its companions)`` of the mixed-batch cases (the
+wide tree at V = 16, i.i.d. drafts): every call carries the other requests' trees too, so a
+verifier whose law for a tree reads its batch (a greedy or filtering flag set per batch) fails
+here while it passes every unmixed case."""
+
 _V1024_ID = "stree-v1024-top-k"
 
 _STOP_BOOST = 2.5
 """Added to the stop tokens' raw logits in the ``min_tokens`` case."""
 
-SERVING_TREE_CASE_IDS = (*(kind[0] for kind in _KINDS), _V1024_ID)
+SERVING_TREE_CASE_IDS = (*(kind[0] for kind in _KINDS), _V1024_ID,
+                         *(kind[0] for kind in _MIXED))
 """The ids of the serving tree battery's cases, whatever the profile (``--case`` names them)."""
 
 
@@ -230,13 +251,25 @@ def _battery(profile: str, dtype: str) -> tuple[TreeCase, ...]:
             "without-replacement", _WIDE, "without-replacement", root, table, root_q, table_q,
             Request(temperature=0.8, top_k=20), profile, dtype, token_rows=rows,
         ))
+    # Drawn after the others, whose tables (and hashes) stay what they were.
+    for case_id, label, request, companions in _MIXED:
+        root, table, root_q, table_q = draws.tables(_depth(_WIDE), _ROWS, _V)
+        with contextlib.suppress(UnsupportedRequest):
+            cases.append(serving_tree_case(
+                case_id, f"{label}; V = {_V}, N = {len(_WIDE)}, iid", _WIDE, "iid", root,
+                table, root_q, table_q, request, profile, dtype,
+                token_rows=torch.arange(_V, dtype=torch.int64) % _ROWS,
+                tags=frozenset({"mixed"}), companions=companions,
+            ))
     return tuple(cases)
 
 
 def default_serving_tree_battery(profile: str, dtype: str = "float32") -> list[TreeCase]:
     """The serving tree cases for ``profile`` (a registered name), processed by its law from
     logits in ``dtype``: every request kind of the module docstring on two trees at V = 16
-    (min_tokens at V = 4; two table rows per depth), and top-k at V = 1024 (eight rows). A case
+    (min_tokens at V = 4; two table rows per depth), two mixed batches (a sampled request
+    beside greedy and filtered ones, a greedy one beside sampled ones), and top-k at V = 1024
+    (eight rows). A case
     whose request ``profile`` does not implement is left out.
 
     Raises:

@@ -647,7 +647,10 @@ class ServingTreeCall:
     """A serving tree verifier called as a tree verifier on one serving tree case
     (:attr:`~losslessness.cases.TreeCase.serving`): :func:`sample_tree` hands it the case's
     processed target laws, and it calls the verifier with the raw logits of the drafted trees
-    (:meth:`~losslessness.cases.TreeCase.logits`) and the case's request for every tree.
+    (:meth:`~losslessness.cases.TreeCase.logits`) and the case's request for every tree. A
+    case with companion requests (:attr:`~losslessness.cases.ServingTree.companions`) is called
+    in a mixed batch: each of its trees followed by one copy per companion request, and only
+    its own trees' outputs come back.
 
     Args:
         verifier: the serving tree verifier
@@ -664,6 +667,7 @@ class ServingTreeCall:
         self.verifier = verifier
         self.case = case
         self.request = case.serving.request
+        self.companions = case.serving.companions
 
     def __call__(
         self,
@@ -675,12 +679,27 @@ class ServingTreeCall:
         generator: torch.Generator,
     ) -> TreeOutput:
         """The verifier's output on the raw logits of ``token_ids``'s trees (``target_probs``,
-        the processed laws the checks use, is not passed on)."""
+        the processed laws the checks use, is not passed on).
+
+        Raises:
+            ProtocolViolation: a malformed output for a mixed batch (its shape is checked
+                before the case's trees are taken out of it).
+        """
         logits = self.case.logits(token_ids).contiguous()
-        requests = [self.request] * int(token_ids.shape[0])
-        return self.verifier(
-            logits, draft_probs, parents, token_ids, draft_scheme, requests, generator
-        )
+        trees = int(token_ids.shape[0])
+        if not self.companions:
+            return self.verifier(logits, draft_probs, parents, token_ids, draft_scheme,
+                                 [self.request] * trees, generator)
+        width = 1 + len(self.companions)
+        requests = [self.request, *self.companions] * trees
+        def mixed(tensor: torch.Tensor) -> torch.Tensor:
+            return tensor.repeat_interleave(width, dim=0).contiguous()
+
+        output = self.verifier(mixed(logits), mixed(draft_probs), mixed(parents),
+                               mixed(token_ids), draft_scheme, requests, generator)
+        tokens, nodes = coerce_tree_output(output, trees * width, self.case.depth)
+        return TreeOutput(torch.from_numpy(tokens[::width].copy()),
+                          torch.from_numpy(nodes[::width].copy()))
 
 
 def sample_greedy_tree(

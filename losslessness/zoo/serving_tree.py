@@ -13,19 +13,25 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
 from losslessness.batteries.serving_tree import default_serving_tree_battery
 from losslessness.cases import TreeCase
+from losslessness.protocol import TreeOutput
 from losslessness.reference.profiles import EngineProfile
 from losslessness.reference.serving_tree import ServingTreeReference
 from losslessness.requests import Request
 from losslessness.zoo.entry import Mutant
 from losslessness.zoo.serving import ZOO_PROFILE, serving_mutants
 
-__all__ = ["IgnoresMinP", "MinTokensCountedAtTheRoot", "serving_tree_zoo"]
+__all__ = [
+    "GreedyFlagFromAnyRequest",
+    "IgnoresMinP",
+    "MinTokensCountedAtTheRoot",
+    "serving_tree_zoo",
+]
 
 
 class IgnoresMinP(ServingTreeReference):
@@ -53,6 +59,33 @@ class MinTokensCountedAtTheRoot(ServingTreeReference):
         return self.profile.law(logits, request, history[: len(history) - depth])
 
 
+class GreedyFlagFromAnyRequest(ServingTreeReference):
+    """The batch's greedy flag computed with ``any`` instead of ``all``: one greedy request
+    makes the verifier take its greedy path for every tree of the call (each tree's argmax), so
+    a sampled request batched beside a greedy one is verified greedily. The flag's correct form
+    is vLLM 0.33.0's ``SamplingMetadata.all_greedy`` (``v1/sample/metadata.py``, read by
+    ``RejectionSampler.forward``) and SGLang 0.5.23's ``SamplingBatchInfo.is_all_greedy``
+    (``srt/sampling/sampling_batch_info.py``, read by ``eagle_sample``); no shipped bug of
+    this exact shape was found in their trackers. Every unmixed case passes: only a mixed batch
+    shows it."""
+
+    def __call__(
+        self,
+        target_logits: torch.Tensor,
+        draft_probs: torch.Tensor,
+        parents: torch.Tensor,
+        token_ids: torch.Tensor,
+        draft_scheme: str,
+        requests: Sequence[Request],
+        generator: torch.Generator,
+    ) -> TreeOutput:
+        """The reference's step, every request made greedy when any is."""
+        if any(request.greedy for request in requests):
+            requests = [dataclasses.replace(request, temperature=0.0) for request in requests]
+        return super().__call__(target_logits, draft_probs, parents, token_ids, draft_scheme,
+                                requests, generator)
+
+
 def _case(case_id: str, profile: str) -> Callable[[], TreeCase]:
     def build() -> TreeCase:
         return next(
@@ -73,6 +106,12 @@ _ENTRIES: tuple[tuple[str, type[ServingTreeReference], bool, str, str, str], ...
         "serving-tree-min-tokens-at-root", MinTokensCountedAtTheRoot, True,
         "min_tokens counts the history before the tree only, not the accepted path",
         "https://github.com/vllm-project/vllm/issues/42744", "stree-min-tokens",
+    ),
+    (
+        "serving-tree-greedy-flag-from-any-request", GreedyFlagFromAnyRequest, True,
+        "one greedy request makes every tree of its batch greedy (batch flag any, not all)",
+        "https://github.com/vllm-project/vllm/blob/main/vllm/v1/sample/metadata.py",
+        "stree-mixed-sampled",
     ),
     (
         "serving-tree-reference", ServingTreeReference, False,

@@ -115,14 +115,16 @@ def test_example_file_serving_case_runs_lossless_for_its_profile(tmp_path: Path)
 
 @pytest.mark.parametrize(
     ("target", "exit_code"),
-    [("mutant/serving-tree-reference", 0), ("mutant/serving-tree-ignores-min-p", 1)],
+    [("mutant/serving-tree-reference", 0), ("mutant/serving-tree-ignores-min-p", 1),
+     ("mutant/serving-tree-greedy-flag-from-any-request", 1)],
 )
 def test_example_file_serving_tree_case_runs_for_the_targets_profile(
     tmp_path: Path, target: str, exit_code: int
 ) -> None:
-    """The example's EAGLE-like min-p tree at V = 2048, built for the serving tree target's
-    profile (vllm-v1): the reference serving tree verifier is LOSSLESS on it, one that ignores
-    min-p LOSSY (a token min-p removes is emitted)."""
+    """The example's EAGLE-like min-p tree at V = 2048, batched beside a greedy request, built
+    for the serving tree target's profile (vllm-v1): the reference serving tree verifier is
+    LOSSLESS on it; one that ignores min-p is LOSSY (a token min-p removes is emitted), and so
+    is one that makes a whole batch greedy when one request is (the file's companion)."""
     result, record = audit(
         tmp_path, target, "--case-file", str(EXAMPLE), "--case", SERVING_TREE_ID,
         "--steps", "1024",
@@ -226,6 +228,9 @@ BAD_FILES = [
      "serving_tree[0] (id 't'): request: penalties read the tokens on a node's path"),
     ("serving tree request field", '[[serving_tree]]\nid = "t"\nshape = "chain"\n'
      "request = { top_q = 0.5 }\n", "serving_tree[0] (id 't'): request.top_q: unknown field"),
+    ("serving tree companion", '[[serving_tree]]\nid = "t"\nshape = "chain"\n'
+     "companions = [{ top_p = 2.0 }]\n",
+     "serving_tree[0] (id 't'): companions[0].top_p: top_p=2.0 must be <= 1.0"),
     ("serving tree rows", '[[serving_tree]]\nid = "t"\nshape = "chain"\nvocab_size = 8\n'
      "rows = 9\n", "serving_tree[0] (id 't'): rows: must be in [1, 8], got 9"),
     ("not TOML", "[[chain]\n", "not valid TOML"),

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -165,10 +166,58 @@ def test_serving_tree_call_hands_the_verifier_raw_logits_and_the_cases_request()
     assert torch.equal(seen[0][0], logits) and seen[0][1] == requests
 
 
+def test_a_mixed_case_calls_the_verifier_with_companion_trees_and_keeps_its_own() -> None:
+    """A mixed-batch case's call carries, after each of its trees, one copy per companion
+    request (same tokens, logits and draft laws); only the case's own trees' outputs come
+    back, and a verifier output of the wrong size is a ProtocolViolation."""
+    from losslessness.protocol import TreeOutput
+    from losslessness.worker import ProtocolViolation
+
+    case, _, draft, parents, ids, _ = _inputs("stree-mixed-sampled", count=3)
+    assert case.serving is not None and len(case.serving.companions) == 2
+    seen: list[tuple[torch.Tensor, list[Request]]] = []
+
+    def verifier(*args: Any) -> TreeOutput:
+        token_ids, requests = args[3], args[5]
+        seen.append((token_ids, list(requests)))
+        batch = token_ids.shape[0]
+        tokens = torch.full((batch, case.depth + 1), -1, dtype=torch.int64)
+        tokens[:, 0] = torch.arange(batch)
+        return TreeOutput(tokens, torch.full((batch, case.depth), -1, dtype=torch.int64))
+
+    def short(*args: Any) -> TreeOutput:
+        tokens, nodes = verifier(*args)
+        return TreeOutput(tokens[:2], nodes[:2])
+
+    target, _ = case.inputs(ids)
+    output = ServingTreeCall(verifier, case)(target, draft, parents, ids, "iid",
+                                             torch.Generator())
+    token_ids, requests = seen[0]
+    assert torch.equal(token_ids, ids.repeat_interleave(3, dim=0))
+    assert requests == [case.serving.request, *case.serving.companions] * 3
+    assert output.tokens[:, 0].tolist() == [0, 3, 6]
+    with pytest.raises(ProtocolViolation):
+        ServingTreeCall(short, case)(target, draft, parents, ids, "iid", torch.Generator())
+
+
+def test_a_batch_level_greedy_flag_passes_every_unmixed_case_and_fails_the_mixed_one() -> None:
+    """``serving-tree-greedy-flag-from-any-request`` (one greedy request makes its whole batch
+    greedy) is LOSSLESS on an unmixed sampled case and on the greedy-beside-sampled mix; only
+    the sampled-beside-greedy mix shows it (its LOSSY run is the zoo test's)."""
+    entry = next(e for e in serving_tree_zoo(small_profile())
+                 if e.name == "serving-tree-greedy-flag-from-any-request")
+    cases = ("stree-top-k-top-p", "stree-mixed-greedy")
+    result = run_audit([entry.adapter], RunConfig(cases=cases, steps=STEPS))
+    assert result.targets[0].verdict is TargetVerdict.LOSSLESS, [
+        c.message for c in result.targets[0].checks if c.verdict is not Verdict.PASS
+    ]
+
+
 @pytest.mark.parametrize(
     ("name", "failing"),
     [("serving-tree-ignores-min-p", "stree-min-p"),
-     ("serving-tree-min-tokens-at-root", "stree-min-tokens")],
+     ("serving-tree-min-tokens-at-root", "stree-min-tokens"),
+     ("serving-tree-greedy-flag-from-any-request", "stree-mixed-sampled")],
 )
 def test_serving_tree_mutant_is_lossy_on_its_case(name: str, failing: str) -> None:
     """Each lossy entry (built for the test profile) is LOSSY through run_audit on its case,
@@ -189,7 +238,7 @@ def test_serving_tree_reference_control_is_lossless_and_registered_entries_resol
     result = run_audit([entry.adapter], RunConfig(cases=("stree-top-k-top-p",), steps=STEPS))
     assert result.targets[0].verdict is TargetVerdict.LOSSLESS
     names = [name for name in SERVING_MUTANTS if name.startswith("serving-tree-")]
-    assert len(names) == 3
+    assert len(names) == 4
     for name in names:
         adapter = mutant(f"mutant/{name}").adapter
         assert adapter.serving_tree is not None and adapter.serving is None
