@@ -105,6 +105,7 @@ def serving_tree_case(
             for an unknown dtype, ``logit_table`` for a shape that is not ``[D, S, V]``.
         UnsupportedRequest: a field ``profile`` does not implement, in ``request`` or a
             companion.
+        NoTokenLeft: a node where the masks of ``request`` or a companion leave no token.
         InvalidInputError: :class:`~losslessness.cases.TreeCase`'s errors.
     """
     if reads_path_tokens(request):
@@ -125,7 +126,12 @@ def serving_tree_case(
         )
     history = list(request.output_token_ids)
     for companion in companions:
-        engine.law(root, companion, list(companion.output_token_ids))
+        # A companion tree is verified on every node's law too: each must exist.
+        before = list(companion.output_token_ids)
+        engine.law(root, companion, before)
+        for depth in range(1, table.shape[0] + 1):
+            for row in table[depth - 1]:
+                engine.law(row, companion, before + [0] * depth)
     target_root = engine.law(root, request, history)
     target_table = torch.stack([
         torch.stack([engine.law(row, request, history + [0] * depth) for row in table[depth - 1]])

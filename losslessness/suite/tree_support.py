@@ -207,10 +207,16 @@ def _context(verifier: object, case: TreeCase | GreedyTreeCase, alpha: float,
 def _header(check: str, where: str, case: TreeCase | GreedyTreeCase,
             parents: tuple[int, ...]) -> list[str]:
     topology = TreeTopology(case.summary.split()[0], parents)
-    return [
+    lines = [
         f"losslessness: LOSSY {check}{where} ({case.summary})",
         f"  tree: parents {list(parents)} ({topology.describe()})",
     ]
+    serving = case.serving if isinstance(case, TreeCase) else None
+    if serving is not None:
+        lines.append(f"  request: {serving.request!r}")
+        if serving.companions:
+            lines.append(f"  batched beside (unchecked): {list(serving.companions)!r}")
+    return lines
 
 
 def _footer(case: TreeCase, seed: int, replay: str) -> list[str]:
