@@ -321,8 +321,9 @@ class PooledPit:
         rng: np.random.Generator,
     ) -> tuple[np.ndarray, int]:
         """The PIT values of the pooled observations among ``(depth, token, emitted)`` (each
-        ``[M]`` int64, :func:`visited_classes`' order), with one ``rng`` uniform drawn per
-        observation (pooled or not, so the draws do not depend on the verifier's output).
+        ``[M]`` int64, :func:`visited_classes`' order), with the next ``rng`` uniform for every
+        observation, pooled or not: the uniform an observation gets depends only on how many
+        came before it, never on its own token, so u stays exactly U(0, 1) given the past.
 
         Returns:
             (``[m]`` float64 u values, the number of classes they came from).
