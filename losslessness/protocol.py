@@ -453,6 +453,26 @@ def _require_float(name: str, tensor: torch.Tensor) -> None:
         raise InvalidInputError(name, f"expected a floating-point dtype, got {tensor.dtype}")
 
 
+def _require_logit_values(logits: torch.Tensor, used: torch.Tensor | None = None) -> None:
+    """``target_logits [..., V]`` holds no NaN or ``+inf``, and every row (every row ``used``
+    marks, a bool tensor of the leading shape) has a finite logit, so some token is possible.
+
+    Raises:
+        InvalidInputError: naming ``target_logits``.
+    """
+    if bool(torch.isnan(logits).any()):
+        raise InvalidInputError("target_logits", "contains NaN")
+    if bool((logits == float("inf")).any()):
+        raise InvalidInputError("target_logits", "contains +inf")
+    impossible = (logits == float("-inf")).all(dim=-1)
+    if used is not None:
+        impossible = impossible & used
+    if logits.numel() and bool(impossible.any()):
+        which = "a used row" if used is not None else "a row"
+        raise InvalidInputError("target_logits",
+                                f"{which} has every logit -inf (no token possible)")
+
+
 def _require_ids(name: str, tensor: torch.Tensor, vocab_size: int) -> None:
     if tensor.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
         raise InvalidInputError(name, f"expected an integer dtype (int64), got {tensor.dtype}")
@@ -636,12 +656,7 @@ def validate_greedy_inputs(target_logits: object, draft_token_ids: object) -> tu
             "draft_token_ids",
             f"has {ids.shape[1]} positions but target_logits has {positions} = k+1",
         )
-    if bool(torch.isnan(logits).any()):
-        raise InvalidInputError("target_logits", "contains NaN")
-    if bool((logits == float("inf")).any()):
-        raise InvalidInputError("target_logits", "contains +inf")
-    if batch > 0 and bool((logits == float("-inf")).all(dim=-1).any()):
-        raise InvalidInputError("target_logits", "a row has every logit -inf (no token possible)")
+    _require_logit_values(logits)
     _require_ids("draft_token_ids", ids, vocab)
     return batch, positions - 1, vocab
 
@@ -876,12 +891,7 @@ def validate_greedy_tree_inputs(
     if vocab < 1:
         raise InvalidInputError("target_logits", "vocabulary size V must be >= 1, got 0")
     tree, _ = _validate_tree_shape(parents, token_ids, batch, rows, vocab, "target_logits")
-    if bool(torch.isnan(logits).any()):
-        raise InvalidInputError("target_logits", "contains NaN")
-    if bool((logits == float("inf")).any()):
-        raise InvalidInputError("target_logits", "contains +inf")
-    if batch > 0 and bool((logits == float("-inf")).all(dim=-1).any()):
-        raise InvalidInputError("target_logits", "a row has every logit -inf (no token possible)")
+    _require_logit_values(logits)
     return batch, tree.shape[1], vocab
 
 
@@ -962,13 +972,8 @@ def validate_serving_inputs(
         raise InvalidInputError(
             "draft_token_ids", f"token id {bad} out of range [0, {vocab}) for a drafted position"
         )
-    if bool(torch.isnan(logits).any()):
-        raise InvalidInputError("target_logits", "contains NaN")
-    if bool((logits == float("inf")).any()):
-        raise InvalidInputError("target_logits", "contains +inf")
     reached = torch.arange(positions, device=ids.device).unsqueeze(0) <= counts.unsqueeze(1)
-    if bool(((logits == float("-inf")).all(dim=-1) & reached).any()):
-        raise InvalidInputError("target_logits", "a used row has every logit -inf")
+    _require_logit_values(logits, reached)
     if draft_probs is not None:
         draft = _require_tensor("draft_probs", draft_probs)
         _require_rank("draft_probs", draft, 3, "[B, k, V]")
@@ -1049,12 +1054,7 @@ def validate_serving_tree_inputs(
         raise InvalidInputError(
             "target_logits", f"expected float32, bfloat16 or float64, got {logits.dtype}"
         )
-    if bool(torch.isnan(logits).any()):
-        raise InvalidInputError("target_logits", "contains NaN")
-    if bool((logits == float("inf")).any()):
-        raise InvalidInputError("target_logits", "contains +inf")
-    if logits.numel() and bool((logits == float("-inf")).all(dim=-1).any()):
-        raise InvalidInputError("target_logits", "a row has every logit -inf")
+    _require_logit_values(logits)
     # The tree's structure, the drafts and the scheme are the tree protocol's: checked against
     # the logits' softmax, a distribution of the same shape.
     try:

@@ -26,7 +26,7 @@ import functools
 
 import torch
 
-from losslessness.batteries.builders import softmax
+from losslessness.batteries.builders import softmax, tree_depth
 from losslessness.cases import SERVING_TREE_DTYPES, ServingTree, TreeCase
 from losslessness.reference.profiles import EngineProfile, get_profile
 from losslessness.requests import Request, UnsupportedRequest
@@ -124,19 +124,10 @@ def serving_tree_case(
         raise ValueError(
             f"logit_table: expected [D, S, V] with V = {root.shape[-1]}, got {tuple(table.shape)}"
         )
-    history = list(request.output_token_ids)
     for companion in companions:
         # A companion tree is verified on every node's law too: each must exist.
-        before = list(companion.output_token_ids)
-        engine.law(root, companion, before)
-        for depth in range(1, table.shape[0] + 1):
-            for row in table[depth - 1]:
-                engine.law(row, companion, before + [0] * depth)
-    target_root = engine.law(root, request, history)
-    target_table = torch.stack([
-        torch.stack([engine.law(row, request, history + [0] * depth) for row in table[depth - 1]])
-        for depth in range(1, table.shape[0] + 1)
-    ])
+        _node_laws(engine, root, table, companion)
+    target_root, target_table = _node_laws(engine, root, table, request)
     return TreeCase(
         case_id=case_id,
         summary=f"{summary} [{engine.name}, {dtype} logits]",
@@ -153,6 +144,18 @@ def serving_tree_case(
     )
 
 
+def _node_laws(
+    engine: EngineProfile, root: torch.Tensor, table: torch.Tensor, request: Request
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``engine``'s law of ``request`` at the root (``[V]``) and at every (depth, row) of the
+    logit table (``[D, S, V]``), the history grown by one token per depth."""
+    history = list(request.output_token_ids)
+    return engine.law(root, request, history), torch.stack([
+        torch.stack([engine.law(row, request, history + [0] * depth) for row in table[depth - 1]])
+        for depth in range(1, table.shape[0] + 1)
+    ])
+
+
 def serving_tree_tables(
     generator: torch.Generator, depth: int, rows: int, vocab: int, scale: float = 1.5
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -167,26 +170,6 @@ def serving_tree_tables(
     root_q = torch.from_numpy(softmax((root + noise_root).numpy()))
     table_q = torch.from_numpy(softmax((table + noise).numpy()))
     return root, table, root_q, table_q
-
-
-class _Draws:
-    """The battery's tables (:func:`serving_tree_tables`), each draw advancing one generator
-    seeded with :data:`SERVING_TREE_SEED`."""
-
-    def __init__(self) -> None:
-        self.generator = torch.Generator().manual_seed(SERVING_TREE_SEED)
-
-    def tables(self, depth: int, rows: int, vocab: int, scale: float = 1.5
-               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The next case's tables (:func:`serving_tree_tables`)."""
-        return serving_tree_tables(self.generator, depth, rows, vocab, scale)
-
-
-def _depth(parents: tuple[int, ...]) -> int:
-    depth = [0]
-    for parent in parents:
-        depth.append(depth[parent] + 1)
-    return max(depth)
 
 
 _KINDS: tuple[tuple[str, str, tuple[int, ...], str, Request, int], ...] = (
@@ -233,10 +216,12 @@ SERVING_TREE_CASE_IDS = (*(kind[0] for kind in _KINDS), _V1024_ID,
 
 @functools.cache
 def _battery(profile: str, dtype: str) -> tuple[TreeCase, ...]:
-    draws = _Draws()
+    # One generator for the whole battery: each case's tables are the next draws.
+    generator = torch.Generator().manual_seed(SERVING_TREE_SEED)
     cases = []
     for case_id, label, parents, scheme, request, vocab in _KINDS:
-        root, table, root_q, table_q = draws.tables(_depth(parents), _ROWS, vocab)
+        root, table, root_q, table_q = serving_tree_tables(generator, tree_depth(parents), _ROWS,
+                                                         vocab)
         if request.min_tokens:
             # Likely stop tokens, as an end of text often is: the mask's boundary moves mass.
             root[list(request.stop_token_ids)] += _STOP_BOOST
@@ -250,7 +235,8 @@ def _battery(profile: str, dtype: str) -> tuple[TreeCase, ...]:
         except UnsupportedRequest:
             continue
     rows = torch.arange(1024, dtype=torch.int64) % 8
-    root, table, root_q, table_q = draws.tables(_depth(_WIDE), 8, 1024, scale=3.0)
+    root, table, root_q, table_q = serving_tree_tables(generator, tree_depth(_WIDE), 8, 1024,
+                                                     scale=3.0)
     with contextlib.suppress(UnsupportedRequest):
         cases.append(serving_tree_case(
             _V1024_ID, f"T 0.8 top-k 20; V = 1024 (8 table rows), N = {len(_WIDE)}, "
@@ -259,7 +245,8 @@ def _battery(profile: str, dtype: str) -> tuple[TreeCase, ...]:
         ))
     # Drawn after the others, whose tables (and hashes) stay what they were.
     for case_id, label, request, companions in _MIXED:
-        root, table, root_q, table_q = draws.tables(_depth(_WIDE), _ROWS, _V)
+        root, table, root_q, table_q = serving_tree_tables(generator, tree_depth(_WIDE), _ROWS,
+                                                         _V)
         with contextlib.suppress(UnsupportedRequest):
             cases.append(serving_tree_case(
                 case_id, f"{label}; V = {_V}, N = {len(_WIDE)}, iid", _WIDE, "iid", root,
@@ -275,8 +262,7 @@ def default_serving_tree_battery(profile: str, dtype: str = "float32") -> list[T
     logits in ``dtype``: every request kind of the module docstring on two trees at V = 16
     (min_tokens at V = 4; two table rows per depth), two mixed batches (a sampled request
     beside greedy and filtered ones, a greedy one beside sampled ones), and top-k at V = 1024
-    (eight rows). A case
-    whose request ``profile`` does not implement is left out.
+    (eight rows). A case whose request ``profile`` does not implement is left out.
 
     Raises:
         ValueError: an unknown profile or dtype.
