@@ -46,13 +46,12 @@ from losslessness.batteries.serving_tree import (
     serving_tree_tables,
 )
 from losslessness.batteries.tree import (
-    CALL_CELLS,
     LM_DRAFT_NOISE,
     LM_LOGIT_SCALE,
     TABLE_CELLS,
-    TREE_BATCH,
     VOCAB_SHAPES,
     tree_case_in_dtype,
+    trees_per_call,
 )
 from losslessness.cases import (
     CHAIN_INPUT_DTYPES,
@@ -435,15 +434,22 @@ class CaseFile:
             CaseFileError: naming the table, when ``profile`` does not implement its request
                 (or the builder refuses the case otherwise).
         """
-        cases = []
-        for spec in self.serving_tree:
-            try:
-                cases.append(_build_serving_tree(spec, profile, dtype or spec.dtype))
-            except (ValueError, UnsupportedRequest) as error:
-                raise CaseFileError(
-                    self.path, spec.where, "", f"cannot be built for profile {profile!r}: {error}"
-                ) from error
-        return cases
+        return [self.serving_tree_case(spec, profile, dtype) for spec in self.serving_tree]
+
+    def serving_tree_case(
+        self, spec: ServingTreeSpec, profile: str, dtype: str | None = None
+    ) -> TreeCase:
+        """One of :meth:`serving_tree_cases`: ``spec``'s case built for ``profile``.
+
+        Raises:
+            CaseFileError: as :meth:`serving_tree_cases`.
+        """
+        try:
+            return _build_serving_tree(spec, profile, dtype or spec.dtype)
+        except (ValueError, UnsupportedRequest) as error:
+            raise CaseFileError(
+                self.path, spec.where, "", f"cannot be built for profile {profile!r}: {error}"
+            ) from error
 
     def _built(self, spec: _Spec, build: Callable[[_Spec], _Case]) -> _Case:
         try:
@@ -622,7 +628,7 @@ def _tree_spec(path: str, where: str, values: Any) -> TreeSpec:
         table.unused(["closeness", "zeros"], "by laws = 'lm' (only dirichlet)")
     else:
         table.unused(["logit_scale", "draft_noise"], "by laws = 'dirichlet' (only lm)")
-    default_batch = max(2, min(TREE_BATCH, CALL_CELLS // ((len(parents) + 1) * vocab)))
+    default_batch = trees_per_call(parents, vocab)
     if table.values.get("dtype") == "bfloat16":
         table.fail("dtype", "bfloat16 is not taken by tree cases (a bfloat16 row misses the "
                    "tree protocol's row-sum tolerance of 1e-5); use float32 or float64")
@@ -761,7 +767,7 @@ def _serving_tree_spec(path: str, where: str, values: Any) -> ServingTreeSpec:
                  profile)
         for index, raw in enumerate(raw_companions)
     )
-    default_batch = max(2, min(TREE_BATCH, CALL_CELLS // ((len(parents) + 1) * vocab)))
+    default_batch = trees_per_call(parents, vocab)
     return ServingTreeSpec(
         where=where,
         case_id=case_id,

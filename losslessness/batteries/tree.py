@@ -154,6 +154,12 @@ CALL_CELLS = 1 << 22
 per float64 tensor): its trees per call are ``min(TREE_BATCH, CALL_CELLS // ((N+1) V))``, at
 least 2 (the independence test needs two trees in a call)."""
 
+
+def trees_per_call(parents: tuple[int, ...], vocab_size: int) -> int:
+    """Trees per verifier call of a sampled tree case at ``vocab_size``: ``min(TREE_BATCH,
+    CALL_CELLS // ((N+1) V))``, at least 2 (:data:`CALL_CELLS`)."""
+    return max(2, min(TREE_BATCH, CALL_CELLS // ((len(parents) + 1) * vocab_size)))
+
 VOCAB_SHAPES: tuple[tuple[str, str, tuple[int, ...]], ...] = (
     ("chain", "chain", CHAIN),
     ("star4", "star of 4", (0,) * 4),
@@ -197,7 +203,7 @@ def tree_cases_at_vocab(vocab_size: int) -> list[TreeCase]:
             root_p, root_q, target, draft = softmax_markov_tables(
                 rng, vocab_size, tree_depth(parents), LM_LOGIT_SCALE, LM_DRAFT_NOISE, rows
             )
-            batch = max(2, min(TREE_BATCH, CALL_CELLS // ((len(parents) + 1) * vocab_size)))
+            batch = trees_per_call(parents, vocab_size)
             cases.append(TreeCase(
                 f"tree-{name}-v{vocab_size}-{short[scheme]}",
                 f"{shape} N={len(parents)} V={vocab_size} {scheme}, softmax of random logits "

@@ -16,7 +16,7 @@ from losslessness.batteries import (
     default_serving_battery,
     default_tree_battery,
 )
-from losslessness.batteries.case_file import CaseFile, read_case_file
+from losslessness.batteries.case_file import read_case_file
 from losslessness.batteries.serving_tree import default_serving_tree_battery
 from losslessness.cases import ChainCase, ServingCase, TreeCase
 from losslessness.checks import ALL_CHECK_IDS
@@ -80,10 +80,10 @@ def case_file_table(path: str) -> Table:
             *(("tree", case) for case in file.tree_cases()),
             *(("serving", case) for case in file.serving_cases()),
         ]
-        for spec in file.serving_tree:
-            if spec.profile is not None:
-                one = CaseFile(file.path, serving_tree=(spec,))
-                built += [("serving-tree", case) for case in one.serving_tree_cases(spec.profile)]
+        built += [
+            ("serving-tree", file.serving_tree_case(spec, spec.profile))
+            for spec in file.serving_tree if spec.profile is not None
+        ]
     except ValueError as error:
         raise click.BadParameter(
             str(error).removeprefix("case_file: "), param_hint="--case-file"

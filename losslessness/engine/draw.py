@@ -692,6 +692,7 @@ class ServingTreeCall:
                                  [self.request] * trees, generator)
         width = 1 + len(self.companions)
         requests = [self.request, *self.companions] * trees
+
         def mixed(tensor: torch.Tensor) -> torch.Tensor:
             return tensor.repeat_interleave(width, dim=0).contiguous()
 
