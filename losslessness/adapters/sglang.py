@@ -16,7 +16,9 @@ Targets:
   ``TRITON_INTERPRET=1`` before the import). Its serving verifier is SGLang's EAGLE verify
   step with rejection sampling on per-request sampling parameters, held to the
   ``sglang-torch`` profile (:mod:`losslessness.adapters.sglang_serving`, which lists where
-  SGLang's speculative path departs from its own sampler).
+  SGLang's speculative path departs from its own sampler); its serving tree verifier is
+  SGLang's default EAGLE tree verify on all-greedy batches (a batch with a sampled request
+  needs the CUDA tree sampler: NotApplicable, stated in the adapter's exclusions).
 - ``sglang-block``: the same chain kernel with ``block_verification=True`` (Sun et al. 2024,
   "Block verification accelerates speculative decoding", Alg. 2): lossless, and it accepts
   more than ``sum min(p, q)`` at positions >= 1. Its chain callable declares block
@@ -27,7 +29,9 @@ Targets:
 - ``sglang-tree``: the CUDA tree sampler ``tree_speculative_sampling_target_only`` (sgl-kernel,
   or ``sglang.kernels.ops.speculative.sampling`` in SGLang 0.5.x), GPU only (below): as a chain
   verifier (one-hot drafts) and as a tree verifier (:class:`SglangTreeTargetOnly`, draft scheme
-  ``top-k`` only).
+  ``top-k`` only); with SGLang 0.5.23 installed, also SGLang's default EAGLE tree verify on
+  serving trees, sampled and greedy batches, held to ``sglang-flashinfer``
+  (:class:`~losslessness.adapters.sglang_serving.SglangServingTreeVerifier`).
 
 **Tree layout** (``to_sglang``, SGLang's ``build_tree_kernel_efficient`` output):
 per row b, ``N+1`` slots, slot n holding node n of the protocol (slot 0 the root):
@@ -111,8 +115,11 @@ from losslessness.adapters.engines import (
 )
 from losslessness.adapters.sglang_serving import (
     SglangEngineFunctions,
+    SglangServingTreeVerifier,
     SglangServingVerifier,
     emitted_chain,
+    emitted_tree,
+    renorm_on_cpu,
 )
 from losslessness.protocol import (
     PLACEHOLDER,
@@ -371,27 +378,6 @@ class SglangBlockSampler:
         return self.chain(target_probs, draft_probs, draft_token_ids, generator)
 
 
-def _tree_emitted(
-    predicts: torch.Tensor, accept_index: torch.Tensor, accept_token_num: torch.Tensor
-) -> TreeOutput:
-    """The protocol's :class:`TreeOutput` from SGLang's accepted flat indices (``accept_index
-    [B, D+1]``, column 0 the root) and ``predicts [B*(N+1)]`` (the token emitted after each
-    accepted slot)."""
-    accepted = accept_token_num.to(torch.int64).cpu()
-    index = accept_index.to(torch.int64).cpu()
-    tokens = predicts.to(torch.int64).cpu()
-    batch, width = index.shape
-    slots = tokens.numel() // max(batch, 1)
-    positions = torch.arange(width).unsqueeze(0)
-    emitted = positions <= accepted.unsqueeze(1)
-    out = torch.full((batch, width), PLACEHOLDER, dtype=torch.int64)
-    out[emitted] = tokens[index.clamp(min=0)][emitted]
-    nodes = index[:, 1:] - torch.arange(batch).unsqueeze(1) * slots
-    on_path = positions[:, 1:] <= accepted.unsqueeze(1)
-    accepted_nodes = torch.where(on_path, nodes, PLACEHOLDER)
-    return TreeOutput(out, accepted_nodes)
-
-
 class SglangGreedyTreeVerifier(KernelVerifier):
     """Greedy tree verifier calling ``verify_tree_greedy_triton`` on the protocol's trees
     (:class:`~losslessness.protocol.GreedyTreeVerifier`).
@@ -437,7 +423,7 @@ class SglangGreedyTreeVerifier(KernelVerifier):
             sibling.to(device),
             target_predict.to(device).contiguous(),
         )
-        return _tree_emitted(predicts, accept_index, accept_token_num)
+        return emitted_tree(predicts, accept_index, accept_token_num)
 
 
 class SglangTreeTargetOnly(KernelVerifier):
@@ -513,7 +499,7 @@ class SglangTreeTargetOnly(KernelVerifier):
             threshold_acc=1.0,
             deterministic=True,
         )
-        return _tree_emitted(predicts, accept_index, accept_token_num)
+        return emitted_tree(predicts, accept_index, accept_token_num)
 
 
 class SglangGreedyVerifier(KernelVerifier):
@@ -572,6 +558,7 @@ def _triton_adapter(name: str, block_verification: bool) -> Adapter:
     greedy = None
     greedy_tree = None
     serving = None
+    serving_tree = None
     what = "chain_speculative_sampling_triton"
     if not block_verification:
         tree = import_engine_module(SGLANG, version, "sglang.kernels.ops.speculative.spec_tree")
@@ -587,14 +574,21 @@ def _triton_adapter(name: str, block_verification: bool) -> Adapter:
         )
         greedy = SglangGreedyVerifier(greedy_function, device)
         greedy_tree = SglangGreedyTreeVerifier(greedy_function, device)
-        serving = _serving_verifier(version, chain_function, greedy_function, device)
+        functions = _engine_functions(
+            version, chain_function, greedy_function,
+            "sglang.kernels.ops.sampling.renorm_triton",
+        )
+        serving = SglangServingVerifier(functions, device)
+        serving_tree = SglangServingTreeVerifier(functions, device, serving.engine_profile)
         what += (
             " and verify_tree_greedy_triton (greedy chain as a chain-shaped tree, and greedy "
             "tree verification on any tree in SGLang's first-child/next-sibling layout; "
             "argmax by torch.argmax); serving: EAGLE verify with rejection sampling "
             "(eagle_sample's penalties, bias, temperature softmax, Triton top-k/top-p renorm, "
             "chain kernel; per-request SamplingParams and penalizer orchestrator), held to the "
-            "sglang-torch profile"
+            "sglang-torch profile; serving trees: EAGLE's default verify on all-greedy batches "
+            "(argmax of the processed logits, greedy tree kernel; a batch with a sampled "
+            "request needs the CUDA tree sampler: sglang-tree)"
         )
     else:
         what += (
@@ -619,19 +613,37 @@ def _triton_adapter(name: str, block_verification: bool) -> Adapter:
         greedy=greedy,
         greedy_tree=greedy_tree,
         serving=serving,
+        serving_tree=serving_tree,
         engine_profile=None if serving is None else serving.engine_profile,
+        exclusions=None if serving_tree is None else SAMPLED_SERVING_TREES,
     )
 
 
-def _serving_verifier(
+SAMPLED_SERVING_TREES = (
+    "serving trees with a sampled request (SGLang verifies them with the CUDA-only "
+    "tree_speculative_sampling_target_only: the sglang-tree target)"
+)
+"""The ``sglang`` target's exclusion: its serving tree verifier takes all-greedy batches."""
+
+
+def _engine_functions(
     version: str,
-    chain_function: Callable[..., Any],
+    chain_function: Callable[..., Any] | None,
     greedy_function: Callable[..., Any],
-    device: torch.device,
-) -> SglangServingVerifier:
-    """The ``sglang`` target's serving verifier
-    (:class:`~losslessness.adapters.sglang_serving.SglangServingVerifier`) on SGLang's
-    sampling state and kernels.
+    renorm_module: str,
+    tree_function: Callable[..., Any] | None = None,
+) -> SglangEngineFunctions:
+    """SGLang's sampling state and kernels for its serving verifiers
+    (:class:`~losslessness.adapters.sglang_serving.SglangEngineFunctions`).
+
+    Args:
+        version: the installed SGLang version.
+        chain_function, greedy_function, tree_function: the kernels.
+        renorm_module: ``sglang.kernels.ops.sampling.renorm_triton`` (CPU, through the
+            interpreter: its wrappers run on CPU tensors by
+            :func:`~losslessness.adapters.sglang_serving.renorm_on_cpu`) or
+            ``sglang.kernels.ops.sampling.renorm`` (CUDA: FlashInfer's, as ``eagle_sample``
+            imports them).
 
     Raises:
         AdapterUnavailable: a module missing or a renorm kernel imported before the
@@ -643,22 +655,29 @@ def _serving_verifier(
         SGLANG, version, "sglang.srt.sampling.penaltylib.repetition_penalty"
     )
     sampling = import_engine_module(SGLANG, version, "sglang.kernels.ops.sampling")
-    renorm = import_engine_module(SGLANG, version, "sglang.kernels.ops.sampling.renorm_triton")
-    require_interpreted(
-        SGLANG, version, renorm._mask_and_partial_sum_kernel, "_mask_and_partial_sum_kernel"
-    )
-    functions = SglangEngineFunctions(
+    renorm = import_engine_module(SGLANG, version, renorm_module)
+    if renorm_module.endswith("renorm_triton"):
+        require_interpreted(
+            SGLANG, version, renorm._mask_and_partial_sum_kernel, "_mask_and_partial_sum_kernel"
+        )
+        top_k, top_p = (
+            renorm_on_cpu(renorm.top_k_renorm_probs_triton),
+            renorm_on_cpu(renorm.top_p_renorm_probs_triton),
+        )
+    else:
+        top_k, top_p = renorm.top_k_renorm_prob, renorm.top_p_renorm_prob
+    return SglangEngineFunctions(
         sampling_params=params.SamplingParams,
         penaltylib=penaltylib,
         apply_scaling_penalties=repetition.apply_scaling_penalties,
         softmax=sampling.softmax,
-        top_k_renorm=renorm.top_k_renorm_probs_triton,
-        top_p_renorm=renorm.top_p_renorm_probs_triton,
+        top_k_renorm=top_k,
+        top_p_renorm=top_p,
         chain=chain_function,
         greedy=greedy_function,
         top_k_all=params.TOP_K_ALL,
+        tree=tree_function,
     )
-    return SglangServingVerifier(functions, device)
 
 
 def adapter() -> Adapter:
@@ -715,13 +734,52 @@ def tree_adapter(device: str = "cuda") -> Adapter:
             f"{package} {version}: API changed, tree_speculative_sampling_target_only"
             f"{parameters} differs from the {TREE_PARAMETERS} this adapter was written against"
         )
+    serving_tree = None
+    serving_note = ""
+    if package == "sglang" and version in SGLANG.checked:
+        serving_tree = _cuda_serving_tree(version, function, torch.device(device))
+        serving_note = (
+            "; serving trees: EAGLE's default verify (eagle_sample's penalties, bias, "
+            "temperature softmax, FlashInfer top-k/top-p renorm, this kernel; greedy batches: "
+            "verify_tree_greedy_func), held to the sglang-flashinfer profile"
+        )
     return Adapter(
         name="sglang-tree",
         description=f"{package} {version} tree_speculative_sampling_target_only on {device}: "
         "chain as a degenerate tree with one-hot drafts, and trees in SGLang's "
         "first-child/next-sibling layout with draft scheme top-k only (the kernel ignores q); "
-        "float32 probabilities; not coupled (one coin per tree level)",
+        f"float32 probabilities; not coupled (one coin per tree level){serving_note}",
         chain=SglangTreeSampler(function, device),
         tree=SglangTreeTargetOnly(function, device),
+        serving_tree=serving_tree,
+        engine_profile=None if serving_tree is None else serving_tree.engine_profile,
         exclusions="tree draft schemes other than top-k (the kernel ignores q)",
     )
+
+
+def _cuda_serving_tree(
+    version: str, function: Callable[..., Any], device: torch.device
+) -> SglangServingTreeVerifier:
+    """``sglang-tree``'s serving tree verifier: SGLang's sampling state, ``eagle_sample``'s
+    processing with the renormalisation it imports on CUDA (FlashInfer's), the platform's
+    greedy tree verify (``spec_tree.verify_tree_greedy_func``) and ``function``. Claims the
+    ``sglang-flashinfer`` profile, SGLang's default sampling backend on CUDA.
+
+    Raises:
+        AdapterUnavailable: a module missing or a signature other than SGLang 0.5.23's.
+    """
+    spec_tree = import_engine_module(SGLANG, version, "sglang.kernels.ops.speculative.spec_tree")
+    greedy = getattr(spec_tree, "verify_tree_greedy_func", None)
+    if not callable(greedy):
+        raise AdapterUnavailable(
+            f"sglang {version}: API changed, kernels.ops.speculative.spec_tree."
+            f"verify_tree_greedy_func is missing; install the checked version with: "
+            f"{SGLANG.install}"
+        )
+    require_parameters(
+        SGLANG, version, greedy, "verify_tree_greedy_func", (*GREEDY_PARAMETERS, "topk")
+    )
+    functions = _engine_functions(
+        version, None, greedy, "sglang.kernels.ops.sampling.renorm", function
+    )
+    return SglangServingTreeVerifier(functions, device, "sglang-flashinfer")

@@ -1,5 +1,6 @@
 """SGLang's EAGLE verify step as a serving verifier
-(:class:`~losslessness.protocol.ServingVerifier`), the way ``eagle_sample``
+(:class:`~losslessness.protocol.ServingVerifier`) and as a serving tree verifier
+(:class:`~losslessness.protocol.ServingTreeVerifier`, 'Trees' below), the way ``eagle_sample``
 (``sglang/srt/speculative/eagle_utils.py``, SGLang 0.5.23) runs it with
 ``--speculative-use-rejection-sampling``, on CPU through Triton's interpreter.
 
@@ -69,6 +70,26 @@ SGLang, not corrected here:
 
 Requests SGLang cannot express (``allowed_token_ids``, ``bad_token_ids``) raise
 :class:`~losslessness.requests.UnsupportedRequest`.
+
+**Trees** (:class:`SglangServingTreeVerifier`): SGLang's default EAGLE verify, without
+``--speculative-use-rejection-sampling`` (which SGLang allows for ``--speculative-eagle-topk 1``
+only: ``srt/arg_groups/speculative_hook.py``). The same sampling state and the same frozen
+penalties and bias (repeated to the tree's ``N+1`` nodes, ``draft_token_num``); then an
+all-greedy batch takes ``torch.argmax`` and the greedy tree kernel on the tree in SGLang's
+layout (``to_sglang``), and any other batch the same probabilities as above and
+``tree_speculative_sampling_target_only`` with all-zero draft probabilities and ``[B, N+1]``
+coins plus ``[B]`` final uniforms (``eagle_sample``, lines 713-784). That kernel is CUDA only
+(``sglang/kernels/ops/speculative/verify_sampling.py`` resolves it to None elsewhere): the
+``sglang`` target's serving tree verifier, under the interpreter, takes all-greedy batches and
+raises :class:`~losslessness.adapters.NotApplicable` for the others; the ``sglang-tree`` target
+(CUDA) runs both branches with the renormalisation ``eagle_sample`` imports there (FlashInfer's
+``top_k_renorm_probs``/``top_p_renorm_probs``, ``sglang/kernels/ops/sampling/renorm.py``) and
+SGLang's platform greedy verify (``spec_tree.verify_tree_greedy_func``), held to the
+``sglang-flashinfer`` profile, SGLang's default sampling backend on CUDA. The findings above hold
+on trees too; the frozen ``min_new_tokens`` shows on the greedy branch here (stop tokens stay
+masked below the boundary's depth). Not run on a GPU yet: the CUDA branch's kernel call follows
+:class:`losslessness.adapters.sglang.SglangTreeTargetOnly`'s, and its plumbing is tested on CPU
+with the kernel replaced by a transcription of it (``tests/adapters/sglang_tree_kernel.py``).
 """
 
 from __future__ import annotations
@@ -80,15 +101,26 @@ from typing import Any
 
 import torch
 
-from losslessness.adapters.base import KernelVerifier
-from losslessness.protocol import PLACEHOLDER, validate_serving_inputs
+from losslessness.adapters.base import KernelVerifier, NotApplicable
+from losslessness.protocol import (
+    PLACEHOLDER,
+    TreeOutput,
+    tree_depths,
+    validate_serving_inputs,
+    validate_serving_tree_inputs,
+)
 from losslessness.reference.profiles.steps import unsupported
+from losslessness.reference.tree_layouts import to_sglang
 from losslessness.requests import Request
 
 __all__ = [
     "SglangEngineFunctions",
+    "SglangServingTreeVerifier",
     "SglangServingVerifier",
+    "SglangVerifyStep",
     "emitted_chain",
+    "emitted_tree",
+    "renorm_on_cpu",
     "sglang_penalizer_orchestrator",
     "sglang_sampling_params",
 ]
@@ -173,9 +205,10 @@ def _cpu_prepare_probs(probs: torch.Tensor) -> torch.Tensor:
     return probs.float().contiguous()
 
 
-def _on_cpu(function: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
-    """SGLang's renorm wrapper ``function`` with its own code and globals, ``_prepare_probs``
-    replaced by :func:`_cpu_prepare_probs` (module docstring, 'Conversions')."""
+def renorm_on_cpu(function: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """SGLang's Triton renorm wrapper ``function`` (``renorm_triton``) with its own code and
+    globals, ``_prepare_probs`` replaced by :func:`_cpu_prepare_probs` (module docstring,
+    'Conversions'), so that it runs on CPU tensors under the interpreter."""
     namespace = dict(function.__globals__, _prepare_probs=_cpu_prepare_probs)
     rebuilt = types.FunctionType(
         function.__code__, namespace, function.__name__, function.__defaults__,
@@ -192,11 +225,16 @@ class SglangEngineFunctions:
         penaltylib: ``sglang.srt.sampling.penaltylib`` (orchestrator and penalizers).
         apply_scaling_penalties: ``penaltylib.repetition_penalty.apply_scaling_penalties``.
         softmax: ``sglang.kernels.ops.sampling.softmax``.
-        top_k_renorm: ``renorm_triton.top_k_renorm_probs_triton``.
-        top_p_renorm: ``renorm_triton.top_p_renorm_probs_triton``.
-        chain: ``chain_speculative_sampling_triton``.
-        greedy: ``verify_tree_greedy_triton``.
+        top_k_renorm: the top-k renormalisation ``eagle_sample`` calls (on CPU
+            :func:`renorm_on_cpu` of ``renorm_triton.top_k_renorm_probs_triton``; on CUDA
+            ``sglang.kernels.ops.sampling.renorm.top_k_renorm_prob``, FlashInfer's).
+        top_p_renorm: the top-p renormalisation, likewise.
+        chain: ``chain_speculative_sampling_triton``, or None (no chain serving verifier).
+        greedy: ``verify_tree_greedy_triton`` (on CUDA ``spec_tree.verify_tree_greedy_func``),
+            called with keyword arguments.
         top_k_all: ``sampling_params.TOP_K_ALL``, the ``top_k`` of a request without one.
+        tree: ``tree_speculative_sampling_target_only`` (CUDA only), or None: the serving tree
+            verifier then takes all-greedy batches only.
     """
 
     def __init__(
@@ -207,35 +245,51 @@ class SglangEngineFunctions:
         softmax: Callable[..., torch.Tensor],
         top_k_renorm: Callable[..., torch.Tensor],
         top_p_renorm: Callable[..., torch.Tensor],
-        chain: Callable[..., Any],
+        chain: Callable[..., Any] | None,
         greedy: Callable[..., Any],
         top_k_all: int,
+        tree: Callable[..., Any] | None = None,
     ) -> None:
         self.sampling_params = sampling_params
         self.penaltylib = penaltylib
         self.apply_scaling_penalties = apply_scaling_penalties
         self.softmax = softmax
-        self.top_k_renorm = _on_cpu(top_k_renorm)
-        self.top_p_renorm = _on_cpu(top_p_renorm)
+        self.top_k_renorm = top_k_renorm
+        self.top_p_renorm = top_p_renorm
         self.chain = chain
         self.greedy = greedy
         self.top_k_all = top_k_all
+        self.tree = tree
 
 
-class SglangServingVerifier(KernelVerifier):
-    """SGLang 0.5.23's EAGLE verify step on a serving batch (module docstring).
+class SglangVerifyStep(KernelVerifier):
+    """What SGLang 0.5.23's ``eagle_sample`` does to the target logits of a verify step before
+    any kernel runs (module docstring): the per-request sampling state, the penalties and bias
+    (frozen for the step), then the probabilities of the sampled branch.
 
     Args:
         functions: the SGLang callables (:class:`SglangEngineFunctions`).
-        device: where the kernels run (``cpu`` under the interpreter).
+        device: where the kernels run (``cpu`` under the interpreter, else ``cuda``).
+        kernel: the kernel this verifier's sampled branch calls.
     """
 
     engine_profile = "sglang-torch"
     """The profile whose law the verifier is held to: SGLang's pytorch sampling backend."""
 
-    def __init__(self, functions: SglangEngineFunctions, device: torch.device) -> None:
-        super().__init__(functions.chain, device)
+    def __init__(
+        self, functions: SglangEngineFunctions, device: torch.device,
+        kernel: Callable[..., Any] | None,
+    ) -> None:
+        super().__init__(kernel if kernel is not None else functions.greedy, device)
         self.engine = functions
+
+    def sampling_params(self, requests: Sequence[Request]) -> list[Any]:
+        """One ``SamplingParams`` per request (:func:`sglang_sampling_params`).
+
+        Raises:
+            UnsupportedRequest: a request field SGLang does not have.
+        """
+        return [sglang_sampling_params(self.engine.sampling_params, r) for r in requests]
 
     def _penalties(
         self, params: Any, request: Request, vocab: int
@@ -253,6 +307,89 @@ class SglangServingVerifier(KernelVerifier):
             orchestrator.cumulate_output_tokens(torch.tensor([token], dtype=torch.int64))
         orchestrator.accumulate_additive_penalties(additive)
         return additive, orchestrator.accumulate_scaling_penalties()
+
+    def processed_logits(
+        self, target_logits: torch.Tensor, params: Sequence[Any], requests: Sequence[Request]
+    ) -> torch.Tensor:
+        """``eagle_sample``'s logits after the penalties and the bias (lines 562-585).
+
+        Args:
+            target_logits: ``[B, T, V]`` raw logits, T the verify step's rows per request.
+            params: the requests' ``SamplingParams``.
+            requests: the B requests.
+
+        Returns:
+            ``[B*T, V]`` float32 on CPU: each request's penalties, accumulated from its output
+            before the step, and its bias added to all T rows.
+        """
+        batch, nodes, vocab = target_logits.shape
+        logits = target_logits.detach().to("cpu", torch.float32).reshape(batch * nodes, vocab)
+        logits = logits.clone()
+        penalties = [self._penalties(p, r, vocab) for p, r in zip(params, requests, strict=True)]
+        logits.add_(torch.repeat_interleave(torch.cat([a for a, _ in penalties]), nodes, dim=0))
+        if any(s is not None for _, s in penalties):
+            scaling = torch.cat(
+                [s if s is not None else torch.ones((1, vocab)) for _, s in penalties]
+            )
+            self.engine.apply_scaling_penalties(
+                logits, torch.repeat_interleave(scaling, nodes, dim=0)
+            )
+        if any(r.logit_bias for r in requests):
+            bias = torch.zeros((batch, vocab), dtype=torch.float32)
+            for row, request in enumerate(requests):
+                for token, value in request.logit_bias:
+                    bias[row, token] = value
+            logits.add_(torch.repeat_interleave(bias, nodes, dim=0))
+        return logits
+
+    def target_probs(self, logits: torch.Tensor, params: Sequence[Any]) -> torch.Tensor:
+        """The sampled branch's target probabilities (``eagle_sample``, lines 697-745):
+        temperature softmax, top-k renormalisation when a request sets top-k, then top-p
+        renormalisation of *its output* when one sets top-p; min-p is never read.
+
+        Args:
+            logits: ``[B*T, V]`` float32 from :meth:`processed_logits`.
+            params: the B requests' ``SamplingParams``.
+
+        Returns:
+            ``[B*T, V]`` float32 on the device the SGLang functions returned it on.
+        """
+        nodes = logits.shape[0] // len(params)
+        device = self.device
+        temperatures = torch.tensor([[p.temperature] for p in params], dtype=torch.float32)
+        probs = self.engine.softmax(
+            logits.to(device),
+            temperatures=torch.repeat_interleave(temperatures, nodes, dim=0).to(device),
+        )
+        if any(p.top_k != self.engine.top_k_all for p in params):
+            top_ks = torch.tensor([p.top_k for p in params], dtype=torch.int32)
+            probs = self.engine.top_k_renorm(
+                probs, torch.repeat_interleave(top_ks, nodes).to(device)
+            )
+        if any(p.top_p != 1.0 for p in params):
+            top_ps = torch.tensor([p.top_p for p in params], dtype=torch.float32)
+            probs = self.engine.top_p_renorm(
+                probs, torch.repeat_interleave(top_ps, nodes).to(device)
+            )
+        return probs
+
+
+class SglangServingVerifier(SglangVerifyStep):
+    """SGLang 0.5.23's EAGLE verify step on a serving batch, chain-shaped, with rejection
+    sampling (module docstring).
+
+    Args:
+        functions: the SGLang callables (:class:`SglangEngineFunctions`, ``chain`` given).
+        device: where the kernels run (``cpu`` under the interpreter).
+
+    Raises:
+        ValueError: ``functions.chain`` is None.
+    """
+
+    def __init__(self, functions: SglangEngineFunctions, device: torch.device) -> None:
+        if functions.chain is None:
+            raise ValueError("functions: the chain serving verifier needs the chain kernel")
+        super().__init__(functions, device, functions.chain)
 
     def __call__(
         self,
@@ -273,27 +410,10 @@ class SglangServingVerifier(KernelVerifier):
         batch, k, vocab = validate_serving_inputs(
             target_logits, draft_probs, draft_token_ids, num_draft_tokens, requests, generator
         )
-        params = [sglang_sampling_params(self.engine.sampling_params, r) for r in requests]
-        is_all_greedy = all(p.top_k <= 1 for p in params)
+        params = self.sampling_params(requests)
         nodes, device = k + 1, self.device
         counts = num_draft_tokens.to(torch.int64).cpu()
-        logits = target_logits.detach().to("cpu", torch.float32).reshape(batch * nodes, vocab)
-        logits = logits.clone()
-        penalties = [self._penalties(p, r, vocab) for p, r in zip(params, requests, strict=True)]
-        logits.add_(torch.repeat_interleave(torch.cat([a for a, _ in penalties]), nodes, dim=0))
-        if any(s is not None for _, s in penalties):
-            scaling = torch.cat(
-                [s if s is not None else torch.ones((1, vocab)) for _, s in penalties]
-            )
-            self.engine.apply_scaling_penalties(
-                logits, torch.repeat_interleave(scaling, nodes, dim=0)
-            )
-        if any(r.logit_bias for r in requests):
-            bias = torch.zeros((batch, vocab), dtype=torch.float32)
-            for row, request in enumerate(requests):
-                for token, value in request.logit_bias:
-                    bias[row, token] = value
-            logits.add_(torch.repeat_interleave(bias, nodes, dim=0))
+        logits = self.processed_logits(target_logits, params, requests)
         candidates = torch.zeros((batch, nodes), dtype=torch.int64)
         drafted = torch.arange(k).unsqueeze(0) < counts.unsqueeze(1)
         candidates[:, 1:] = torch.where(drafted, draft_token_ids.to(torch.int64).cpu(), 0)
@@ -306,9 +426,8 @@ class SglangServingVerifier(KernelVerifier):
         sibling = torch.full((batch, nodes), PLACEHOLDER, dtype=torch.int64)
         accept_index = torch.full((batch, nodes), PLACEHOLDER, dtype=torch.int32, device=device)
         accept_token_num = torch.zeros(batch, dtype=torch.int32, device=device)
-        if is_all_greedy:
-            predicts = torch.zeros(batch * nodes, dtype=torch.int32, device=device)
-            target_predict = torch.argmax(logits, dim=-1).reshape(batch, nodes)
+        predicts = torch.zeros(batch * nodes, dtype=torch.int32, device=device)
+        if all(p.top_k <= 1 for p in params):
             self.engine.greedy(
                 predicts=predicts,
                 accept_index=accept_index,
@@ -317,19 +436,10 @@ class SglangServingVerifier(KernelVerifier):
                 retrieve_index=retrive_index.to(device),
                 retrieve_next_token=next_token.to(device),
                 retrieve_next_sibling=sibling.to(device),
-                target_predict=target_predict.to(device),
+                target_predict=torch.argmax(logits, dim=-1).reshape(batch, nodes).to(device),
             )
             return emitted_chain(predicts, accept_index, accept_token_num)
-        temperatures = torch.tensor([[p.temperature] for p in params], dtype=torch.float32)
-        probs = self.engine.softmax(
-            logits, temperatures=torch.repeat_interleave(temperatures, nodes, dim=0)
-        )
-        if any(p.top_k != self.engine.top_k_all for p in params):
-            top_ks = torch.tensor([p.top_k for p in params], dtype=torch.int32)
-            probs = self.engine.top_k_renorm(probs, torch.repeat_interleave(top_ks, nodes))
-        if any(p.top_p != 1.0 for p in params):
-            top_ps = torch.tensor([p.top_p for p in params], dtype=torch.float32)
-            probs = self.engine.top_p_renorm(probs, torch.repeat_interleave(top_ps, nodes))
+        probs = self.target_probs(logits, params)
         q = torch.zeros((batch, k, vocab), dtype=torch.float32)
         if draft_probs is None:
             q[drafted] = torch.nn.functional.one_hot(candidates[:, 1:][drafted], vocab).float()
@@ -337,8 +447,7 @@ class SglangServingVerifier(KernelVerifier):
             q[drafted] = draft_probs.detach().to("cpu", torch.float32)[drafted]
         coins = torch.rand((batch, nodes), dtype=torch.float32, generator=generator)
         final = torch.rand((batch,), dtype=torch.float32, generator=generator)
-        predicts = torch.zeros(batch * nodes, dtype=torch.int32, device=device)
-        self.engine.chain(
+        self.function(
             predicts=predicts,
             accept_index=accept_index,
             accept_token_num=accept_token_num,
@@ -357,6 +466,125 @@ class SglangServingVerifier(KernelVerifier):
         return emitted_chain(predicts, accept_index, accept_token_num)
 
 
+class SglangServingTreeVerifier(SglangVerifyStep):
+    """SGLang 0.5.23's default EAGLE verify step (no ``--speculative-use-rejection-sampling``)
+    on serving trees (:class:`~losslessness.protocol.ServingTreeVerifier`; module docstring,
+    'Trees').
+
+    An all-greedy batch: argmax of the processed logits, then the greedy tree kernel. Any
+    other batch: :meth:`~SglangVerifyStep.target_probs`, then
+    ``tree_speculative_sampling_target_only`` with all-zero draft probabilities (SGLang's own
+    call), the ``top-k`` draft scheme only (the kernel ignores q; see
+    :class:`losslessness.adapters.sglang.SglangTreeTargetOnly`). Randomness: ``[B, N+1]``
+    float32 coins then ``[B]`` final uniforms from the generator, SGLang's unseeded
+    ``torch.rand`` shapes.
+
+    Args:
+        functions: the SGLang callables; without ``functions.tree`` (no CUDA) a batch with a
+            sampled request raises :class:`~losslessness.adapters.NotApplicable`.
+        device: where the kernels run.
+        engine_profile: the profile the verifier claims (``sglang-torch`` under the
+            interpreter, ``sglang-flashinfer`` with CUDA's FlashInfer renormalisation).
+    """
+
+    draft_schemes: tuple[str, ...] = ("top-k",)
+    """The draft schemes a batch with a sampled request may have (greedy batches: any)."""
+
+    def __init__(
+        self, functions: SglangEngineFunctions, device: torch.device, engine_profile: str
+    ) -> None:
+        super().__init__(functions, device, functions.tree)
+        self.engine_profile = engine_profile
+
+    def __call__(
+        self,
+        target_logits: torch.Tensor,
+        draft_probs: torch.Tensor,
+        parents: torch.Tensor,
+        token_ids: torch.Tensor,
+        draft_scheme: str,
+        requests: Sequence[Request],
+        generator: torch.Generator,
+    ) -> TreeOutput:
+        """One serving tree verification step; :class:`TreeOutput` int64 on CPU.
+
+        Raises:
+            InvalidInputError: malformed inputs (naming the argument).
+            UnsupportedRequest: a request field SGLang does not have.
+            NotApplicable: a sampled request in the batch without the CUDA tree kernel, or
+                with a draft scheme other than ``top-k`` (naming ``requests`` or
+                ``draft_scheme``).
+        """
+        batch, nodes, vocab = validate_serving_tree_inputs(
+            target_logits, draft_probs, parents, token_ids, draft_scheme, requests, generator
+        )
+        params = self.sampling_params(requests)
+        greedy = all(p.top_k <= 1 for p in params)
+        if not greedy:
+            self._require_sampled_path(draft_scheme)
+        device, slots = self.device, nodes + 1
+        tree = parents.long().cpu()
+        layout = to_sglang(tree, token_ids.long().cpu(), torch.zeros(batch, dtype=torch.int64))
+        logits = self.processed_logits(target_logits, params, requests)
+        predicts = torch.zeros(batch * slots, dtype=torch.int32, device=device)
+        accept_index = torch.full(
+            (batch, int(tree_depths(tree).max()) + 1), PLACEHOLDER, dtype=torch.int32,
+            device=device,
+        )
+        accept_token_num = torch.zeros(batch, dtype=torch.int32, device=device)
+        candidates, index, next_token, sibling = (t.to(device) for t in layout)
+        if greedy:
+            self.engine.greedy(
+                predicts=predicts,
+                accept_index=accept_index,
+                accept_token_num=accept_token_num,
+                candidates=candidates,
+                retrieve_index=index,
+                retrieve_next_token=next_token,
+                retrieve_next_sibling=sibling,
+                target_predict=torch.argmax(logits, dim=-1).reshape(batch, slots).to(device),
+            )
+            return emitted_tree(predicts, accept_index, accept_token_num)
+        probs = self.target_probs(logits, params).reshape(batch, slots, vocab)
+        coins = torch.rand((batch, slots), dtype=torch.float32, generator=generator)
+        final = torch.rand((batch,), dtype=torch.float32, generator=generator)
+        self.function(
+            predicts=predicts,
+            accept_index=accept_index,
+            accept_token_num=accept_token_num,
+            candidates=candidates,
+            retrive_index=index,
+            retrive_next_token=next_token,
+            retrive_next_sibling=sibling,
+            uniform_samples=coins.to(device),
+            uniform_samples_for_final_sampling=final.to(device),
+            target_probs=probs.to(device).contiguous(),
+            draft_probs=torch.zeros((batch, slots, vocab), dtype=torch.float32, device=device),
+            threshold_single=1.0,
+            threshold_acc=1.0,
+            deterministic=True,
+        )
+        return emitted_tree(predicts, accept_index, accept_token_num)
+
+    def _require_sampled_path(self, draft_scheme: str) -> None:
+        """Refuse what the sampled branch cannot run here (NotApplicable, with the reason)."""
+        if self.engine.tree is None:
+            raise NotApplicable(
+                "the batch has a sampled request: SGLang verifies it with "
+                "tree_speculative_sampling_target_only, which is CUDA only (the sglang-tree "
+                "target on a GPU); only all-greedy batches run here",
+                argument="requests",
+            )
+        if draft_scheme not in self.draft_schemes:
+            raise NotApplicable(
+                f"{draft_scheme!r} is not supported: SGLang's tree_speculative_sampling_"
+                "target_only ignores q and accepts a child with the target's cumulative mass "
+                "over its siblings (rejection sampling for deterministic drafts); it supports "
+                "'top-k' only",
+                argument="draft_scheme",
+            )
+
+
 def emitted_chain(
     predicts: torch.Tensor, accept_index: torch.Tensor, accept_token_num: torch.Tensor
 ) -> torch.Tensor:
@@ -371,3 +599,24 @@ def emitted_chain(
     emitted = torch.arange(nodes).unsqueeze(0) <= accepted.unsqueeze(1)
     out[emitted] = tokens[index.clamp(min=0)][emitted]
     return out
+
+
+def emitted_tree(
+    predicts: torch.Tensor, accept_index: torch.Tensor, accept_token_num: torch.Tensor
+) -> TreeOutput:
+    """The protocol's :class:`~losslessness.protocol.TreeOutput` from SGLang's accepted flat
+    indices (``accept_index [B, D+1]``, column 0 the root) and ``predicts [B*(N+1)]`` (the
+    token emitted after each accepted slot), slots numbered as by ``to_sglang``."""
+    accepted = accept_token_num.to(torch.int64).cpu()
+    index = accept_index.to(torch.int64).cpu()
+    tokens = predicts.to(torch.int64).cpu()
+    batch, width = index.shape
+    slots = tokens.numel() // max(batch, 1)
+    positions = torch.arange(width).unsqueeze(0)
+    emitted = positions <= accepted.unsqueeze(1)
+    out = torch.full((batch, width), PLACEHOLDER, dtype=torch.int64)
+    out[emitted] = tokens[index.clamp(min=0)][emitted]
+    nodes = index[:, 1:] - torch.arange(batch).unsqueeze(1) * slots
+    on_path = positions[:, 1:] <= accepted.unsqueeze(1)
+    accepted_nodes = torch.where(on_path, nodes, PLACEHOLDER)
+    return TreeOutput(out, accepted_nodes)

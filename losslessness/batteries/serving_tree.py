@@ -206,11 +206,21 @@ here while it passes every unmixed case."""
 
 _V1024_ID = "stree-v1024-top-k"
 
+_GREEDY_MIN_TOKENS = (
+    "stree-greedy-min-tokens",
+    "greedy, min_tokens 2, one output token: stop ids 0, 1 masked at the root only (their "
+    "logits +2.5 everywhere)",
+    Request(temperature=0.0, min_tokens=2, stop_token_ids=(0, 1), output_token_ids=(3,)),
+)
+"""The ``min_tokens`` case for a greedy request (V = 4, the deep tree): below the root the
+argmax is often a stop token, so a verifier that keeps the stop tokens masked past the boundary
+(SGLang's penalties frozen for the step) emits another token there, an exact failure."""
+
 _STOP_BOOST = 2.5
 """Added to the stop tokens' raw logits in the ``min_tokens`` case."""
 
 SERVING_TREE_CASE_IDS = (*(kind[0] for kind in _KINDS), _V1024_ID,
-                         *(kind[0] for kind in _MIXED))
+                         *(kind[0] for kind in _MIXED), _GREEDY_MIN_TOKENS[0])
 """The ids of the serving tree battery's cases, whatever the profile (``--case`` names them)."""
 
 
@@ -254,6 +264,16 @@ def _battery(profile: str, dtype: str) -> tuple[TreeCase, ...]:
                 token_rows=torch.arange(_V, dtype=torch.int64) % _ROWS,
                 tags=frozenset({"mixed"}), companions=companions,
             ))
+    case_id, label, request = _GREEDY_MIN_TOKENS
+    root, table, root_q, table_q = serving_tree_tables(generator, tree_depth(_DEEP), _ROWS, 4)
+    root[list(request.stop_token_ids)] += _STOP_BOOST
+    table[..., list(request.stop_token_ids)] += _STOP_BOOST
+    with contextlib.suppress(UnsupportedRequest):
+        cases.append(serving_tree_case(
+            case_id, f"{label}; V = 4, N = {len(_DEEP)}, iid", _DEEP, "iid", root, table,
+            root_q, table_q, request, profile, dtype,
+            token_rows=torch.arange(4, dtype=torch.int64) % _ROWS,
+        ))
     return tuple(cases)
 
 
@@ -261,8 +281,9 @@ def default_serving_tree_battery(profile: str, dtype: str = "float32") -> list[T
     """The serving tree cases for ``profile`` (a registered name), processed by its law from
     logits in ``dtype``: every request kind of the module docstring on two trees at V = 16
     (min_tokens at V = 4; two table rows per depth), two mixed batches (a sampled request
-    beside greedy and filtered ones, a greedy one beside sampled ones), and top-k at V = 1024
-    (eight rows). A case whose request ``profile`` does not implement is left out.
+    beside greedy and filtered ones, a greedy one beside sampled ones), top-k at V = 1024
+    (eight rows), and ``min_tokens`` for a greedy request (V = 4). A case whose request
+    ``profile`` does not implement is left out.
 
     Raises:
         ValueError: an unknown profile or dtype.

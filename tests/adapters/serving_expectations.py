@@ -13,7 +13,8 @@ whose verdict is not the expected one.
 
 A row kind is ``(case id, row label)``; its verdict is LOSSY when any of its checks is LOSSY,
 PASS when all pass, else the first other verdict (ERROR, SKIPPED, ...). Structure checks (one
-per case, no label) and the seed contract are rows of their own (label ``""``).
+per case, no label), the seed contract and each serving tree case (one request; its tree
+checks) are rows of their own (label ``""``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from losslessness.batteries.serving_tree import SERVING_TREE_CASE_IDS
 
 _V42744 = (
     "vLLM #42744 (fix PR #42802 open): vllm/v1/sample/rejection_sampler.py, "
@@ -85,6 +88,12 @@ EXPECTED_LOSSY["sglang"] = {
     ("serving-filters", "T 0.7 top-k 6 top-p 0.8 min-p 0.1"): _SG_ORDER + "; " + _SG_MIN_P,
     ("serving-penalties", "frequency 0.8 + presence 0.5 + top-k 8"): _SG_PENALTIES,
 }
+EXPECTED_LOSSY["sglang"][("stree-greedy-min-tokens", "")] = _SGLANG.format(
+    what="min_new_tokens is accumulated once for the step and repeated to every node of the "
+    "tree (lines 562-585): a greedy request's stop tokens stay masked below the boundary's "
+    "depth (greedy tree verify, pinned token for token by "
+    "tests/adapters/test_sglang_serving_tree.py)"
+)
 MAY_BE_LOSSY["sglang"] = {
     (case, label): _SG_PENALTIES + " (the gap lies at positions the run's n cannot resolve)"
     for case, label in (
@@ -135,12 +144,13 @@ class RowKind:
 
 
 def row_kinds(record: dict[str, Any]) -> dict[str, dict[tuple[str, str], RowKind]]:
-    """Per target of an audit record, its serving and seed-contract row kinds."""
+    """Per target of an audit record, its serving, serving tree and seed-contract row kinds."""
     kinds: dict[str, dict[tuple[str, str], RowKind]] = {}
     for target in record["targets"]:
         rows = kinds.setdefault(target["name"], {})
         for check in target["checks"]:
-            if not check["check_id"].startswith(("serving.", "seed.")):
+            serving_tree = check["case_id"] in SERVING_TREE_CASE_IDS
+            if not (serving_tree or check["check_id"].startswith(("serving.", "seed."))):
                 continue
             label = (check.get("details") or {}).get("label") or ""
             rows.setdefault((check["case_id"], label), RowKind()).add(check)

@@ -86,3 +86,19 @@ def test_records_of_one_target_merge_their_row_kinds_and_refuse_a_kind_twice() -
     assert surprises(kinds, EXPECTED) == ["engine case-b[top-k]: expected PASS, got LOSSY"]
     with pytest.raises(ValueError, match=r"case-a\[min-p\] is in two records"):
         merged([first, row_kinds(_record(_check("min-p", "PASS")))])
+
+
+def test_a_serving_tree_case_is_one_row_kind_of_its_tree_checks_and_other_tree_cases_are_not(
+) -> None:
+    """The tree checks of a serving tree battery case form one row kind (label ``""``: one
+    request per case), LOSSY when one of them is; a tree check of another case (the tree
+    battery's) is no row kind."""
+    law = _check(None, "LOSSY", "tree.law")
+    law["case_id"] = "stree-greedy-min-tokens"
+    structure = _check(None, "PASS", "tree.structure")
+    structure["case_id"] = "stree-greedy-min-tokens"
+    plain = _check(None, "LOSSY", "tree.law")
+    plain["case_id"] = "tree-star2-iid"
+    kinds = row_kinds(_record(law, structure, plain))
+    assert list(kinds["engine"]) == [("stree-greedy-min-tokens", "")]
+    assert kinds["engine"][("stree-greedy-min-tokens", "")].verdict == "LOSSY"

@@ -89,3 +89,33 @@ def test_gpu_adapter_agrees_with_cpu_reference(name: str, case_id: str) -> None:
         )
     bad = [r.message for r in results if r.verdict not in (Verdict.PASS, Verdict.SKIPPED)]
     assert not bad, bad
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize(
+    ("case_id", "expected"),
+    [("stree-eagle-top-p", "LOSSLESS"), ("stree-greedy", "LOSSLESS"),
+     ("stree-greedy-min-tokens", "LOSSY")],
+)
+def test_sglang_tree_serving_tree_verdicts_on_cuda(case_id: str, expected: str) -> None:
+    """``sglang-tree``'s serving tree verifier (SGLang's default EAGLE tree verify: FlashInfer
+    renorm and ``tree_speculative_sampling_target_only``, the platform's greedy verify), held
+    to ``sglang-flashinfer``: LOSSLESS on the EAGLE top-p tree (top-p alone: the speculative
+    path applies what the sampler applies) and on the greedy tree; LOSSY on the greedy
+    ``min_tokens`` tree (``min_new_tokens`` frozen over the tree, SGLang 0.5.23's
+    ``eagle_sample``)."""
+    from losslessness.adapters.sglang import tree_adapter
+    from losslessness.config import RunConfig
+    from losslessness.engine import run_audit
+
+    try:
+        adapter = tree_adapter()
+    except AdapterUnavailable as error:
+        pytest.skip(f"sglang-tree: {error}")
+    if adapter.serving_tree is None:
+        pytest.skip("sglang-tree: SGLang 0.5.23 is not installed (sgl-kernel alone)")
+    result = run_audit([adapter], RunConfig(cases=(case_id,)))
+    assert result.targets[0].verdict.value == expected, [
+        (c.check_id, c.verdict.value, c.message) for c in result.targets[0].checks
+    ]
