@@ -125,7 +125,7 @@ __all__ = [
     "sglang_sampling_params",
 ]
 
-ENGINE = "sglang 0.5.23 (EAGLE verify, rejection sampling)"
+ENGINE = "sglang 0.5.23 (EAGLE verify)"
 
 
 class _ScheduleBatch:

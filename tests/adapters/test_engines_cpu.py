@@ -10,9 +10,6 @@ reference decision by decision where the kernel takes our uniforms, token by tok
 
 from __future__ import annotations
 
-import importlib.util
-from importlib import metadata
-
 import pytest
 import torch
 
@@ -24,18 +21,10 @@ from losslessness.reference.block import (
     TOKEN_VERIFICATION,
     declared_verification,
 )
+from tests.adapters.installed import needs_engine
 
-
-def _installed(name: str) -> bool:
-    try:
-        metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return False
-    return importlib.util.find_spec("triton") is not None
-
-
-needs_vllm = pytest.mark.skipif(not _installed("vllm"), reason="vllm is not installed")
-needs_sglang = pytest.mark.skipif(not _installed("sglang"), reason="sglang is not installed")
+needs_vllm = needs_engine("vllm")
+needs_sglang = needs_engine("sglang")
 SPEC = EngineSpec("no-such-engine", ("1.0.0",), "pip install --no-deps no-such-engine==1.0.0")
 
 

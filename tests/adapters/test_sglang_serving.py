@@ -13,8 +13,6 @@ the audit's verdict per row kind on two battery cases at 300 steps.
 from __future__ import annotations
 
 import copy
-import importlib.util
-from importlib import metadata
 from typing import Any
 
 import pytest
@@ -28,17 +26,9 @@ from losslessness.reference.profiles import get_profile
 from losslessness.reference.serving import ServingReference
 from losslessness.requests import Request, UnsupportedRequest
 from losslessness.results import TargetVerdict, Verdict
+from tests.adapters.installed import needs_engine
 
-
-def _installed(name: str) -> bool:
-    try:
-        metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return False
-    return importlib.util.find_spec("triton") is not None
-
-
-pytestmark = pytest.mark.skipif(not _installed("sglang"), reason="sglang is not installed")
+pytestmark = needs_engine("sglang")
 
 V = 16
 K = 2

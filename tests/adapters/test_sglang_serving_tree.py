@@ -14,8 +14,6 @@ GPU.
 from __future__ import annotations
 
 import copy
-import importlib.util
-from importlib import metadata
 from typing import Any
 
 import pytest
@@ -30,18 +28,10 @@ from losslessness.reference.serving_tree import ServingTreeReference, path_histo
 from losslessness.requests import Request
 from losslessness.results import TargetVerdict, Verdict
 from losslessness.zoo.serving_tree import MinTokensCountedAtTheRoot
+from tests.adapters.installed import needs_engine
 from tests.adapters.sglang_tree_kernel import tree_speculative_sampling_target_only
 
-
-def _installed(name: str) -> bool:
-    try:
-        metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return False
-    return importlib.util.find_spec("triton") is not None
-
-
-pytestmark = pytest.mark.skipif(not _installed("sglang"), reason="sglang is not installed")
+pytestmark = needs_engine("sglang")
 
 V = 16
 PARENTS = (0, 0, 0, 1, 1, 2, 4)

@@ -16,10 +16,8 @@ vLLM.
 """
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Iterator
 from contextlib import contextmanager
-from importlib import metadata
 from typing import Any
 
 import pytest
@@ -28,17 +26,9 @@ import torch
 from losslessness.reference.profiles import get_profile
 from losslessness.reference.serving import ServingReference
 from losslessness.requests import Request, UnsupportedRequest
+from tests.adapters.installed import needs_engine
 
-
-def _installed(name: str) -> bool:
-    try:
-        metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return False
-    return importlib.util.find_spec("triton") is not None
-
-
-pytestmark = pytest.mark.skipif(not _installed("vllm"), reason="vllm is not installed")
+pytestmark = needs_engine("vllm")
 
 V = 24
 K = 3
