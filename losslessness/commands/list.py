@@ -88,15 +88,24 @@ def case_file_table(path: str) -> Table:
         raise click.BadParameter(
             str(error).removeprefix("case_file: "), param_hint="--case-file"
         ) from error
-    table = Table(title=f"cases of {path}", title_justify="left")
-    for column in ("case", "protocol", "summary", "hash"):
-        table.add_column(column)
+    table = _case_table(f"cases of {path}")
     for protocol, case in built:
         table.add_row(case.case_id, protocol, case.summary, case.case_hash)
     for spec in file.serving_tree:
         if spec.profile is None:
             table.add_row(spec.case_id, "serving-tree",
                           f"{spec.label}; built for each target's engine profile", "-")
+    return table
+
+
+def _case_table(title: str) -> Table:
+    """An empty table of cases: id, protocol, summary, hash."""
+    table = Table(title=title, title_justify="left")
+    # Ids and hashes are what --case and replay lines take: never cut; the summary wraps.
+    table.add_column("case", no_wrap=True)
+    table.add_column("protocol", no_wrap=True)
+    table.add_column("summary")
+    table.add_column("hash", no_wrap=True)
     return table
 
 
@@ -130,11 +139,7 @@ def list_command(case_file: str | None) -> None:
         adapters.add_row(name, point.value, "-" if distribution is None else versions[distribution])
     console.print(adapters)
     console.print("checks: " + ", ".join(ALL_CHECK_IDS))
-    cases = Table(title="battery cases", title_justify="left")
-    cases.add_column("case")
-    cases.add_column("protocol")
-    cases.add_column("summary")
-    cases.add_column("hash")
+    cases = _case_table("battery cases")
     for case in default_chain_battery():
         cases.add_row(case.case_id, "chain", case.summary, case.case_hash)
     for greedy_case in default_greedy_battery():
