@@ -171,13 +171,18 @@ def _child_main(
         lambda signum, frame: interrupts.interrupt(KeyboardInterrupt("SIGTERM from the audit")),
     )
     while interrupts.interrupted() is None and (index := _next_shard(counter, order)) is not None:
+        interrupted = False
         try:
-            message: tuple[Any, ...] = ("result", runner(ShardSpec(index, len(order))))
+            result = runner(ShardSpec(index, len(order)))
+            message: tuple[Any, ...] = ("result", result)
+            interrupted = _was_interrupted(result)
         except BaseException:
             message = ("error", index, traceback.format_exc())
         # Plain pickle, by value: the multiprocessing pickler would pass tensors as file
         # descriptors that only a living child can serve.
         connection.send_bytes(pickle.dumps(message))
+        if interrupted:
+            break
     connection.send_bytes(pickle.dumps(("done", None)))
     connection.close()
 
@@ -202,8 +207,13 @@ def _failed_shard(plan: RunPlan, spec: ShardSpec, kind: FailureKind, reason: str
 
 
 def _was_interrupted(result: ShardResult) -> bool:
+    """Whether a signal interrupted the shard: a unit left INCOMPLETE by it, or a chain unit
+    whose stream it stopped (``interrupted``: its finished calls kept, not INCOMPLETE). The
+    shard's run has forgotten the interruption by then (``interrupts.clear``), so this record
+    is all that says to take no more shards."""
     return any(
-        record.failure_kind is FailureKind.INCOMPLETE and record.failure == INTERRUPTED_MESSAGE
+        record.interrupted
+        or (record.failure_kind is FailureKind.INCOMPLETE and record.failure == INTERRUPTED_MESSAGE)
         for record in result.units.values()
     )
 

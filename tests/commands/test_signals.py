@@ -88,6 +88,22 @@ def test_signal_during_sampling_writes_the_finished_checks_and_exits_with_its_co
     assert _finished_checks(data), data["targets"][0]["checks"]
 
 
+def test_signal_during_a_parallel_run_stops_it_and_starts_no_more_shards(tmp_path: Path) -> None:
+    """``--jobs 2`` on a run large enough to split (2 x 60000 planned steps: two processes,
+    each taking shards in turn), a target at 0.2 s per call: a SIGTERM during a chain call ends
+    the run with the target INCOMPLETE and exit 143, and the target is called at most a few
+    more times (calls already on their way), not through the shards not yet begun. (The parent
+    once read its interrupted chain shard as finished and took the next one, the signal spent:
+    the run went on to its end.)"""
+    after = 4
+    returncode, output, data = _interrupt_audit(
+        tmp_path, ["--jobs", "2", "--steps", "60000"], 0.2, after, [signal.SIGTERM]
+    )
+    assert returncode == 143, output
+    assert data["targets"][0]["verdict"] == "INCOMPLETE"
+    assert _calls(tmp_path / "calls") <= after + 4, output
+
+
 @pytest.mark.parametrize(
     ("signals", "code"),
     [([signal.SIGINT, signal.SIGINT], 130), ([signal.SIGTERM], 143)],
