@@ -536,20 +536,32 @@ class SglangGreedyVerifier(KernelVerifier):
         return emitted_chain(predicts, accept_index, accept_token_num)
 
 
+def _checked_function(
+    version: str, module: Any, name: str, parameters: tuple[str, ...]
+) -> Callable[..., Any]:
+    """``module.name``, a callable with exactly ``parameters`` (SGLang 0.5.23's).
+
+    Raises:
+        AdapterUnavailable: missing, or other parameters (naming them and the install command).
+    """
+    function: Callable[..., Any] | None = getattr(module, name, None)
+    if not callable(function):
+        where = module.__name__.removeprefix("sglang.")
+        raise AdapterUnavailable(
+            f"sglang {version}: API changed, {where}.{name} is missing; install the checked "
+            f"version with: {SGLANG.install}"
+        )
+    require_parameters(SGLANG, version, function, name, parameters)
+    return function
+
+
 def _triton_adapter(name: str, block_verification: bool) -> Adapter:
     version = prepare_engine(SGLANG)
     reject = import_engine_module(
         SGLANG, version, "sglang.kernels.ops.speculative.reject_sampling"
     )
-    chain_function = getattr(reject, "chain_speculative_sampling_triton", None)
-    if not callable(chain_function):
-        raise AdapterUnavailable(
-            f"sglang {version}: API changed, kernels.ops.speculative.reject_sampling."
-            f"chain_speculative_sampling_triton is missing; install the checked version with: "
-            f"{SGLANG.install}"
-        )
-    require_parameters(
-        SGLANG, version, chain_function, "chain_speculative_sampling_triton", CHAIN_PARAMETERS
+    chain_function = _checked_function(
+        version, reject, "chain_speculative_sampling_triton", CHAIN_PARAMETERS
     )
     require_interpreted(
         SGLANG, version, reject.speculative_sampling_classic_kernel, "speculative_sampling_classic"
@@ -562,15 +574,8 @@ def _triton_adapter(name: str, block_verification: bool) -> Adapter:
     what = "chain_speculative_sampling_triton"
     if not block_verification:
         tree = import_engine_module(SGLANG, version, "sglang.kernels.ops.speculative.spec_tree")
-        greedy_function = getattr(tree, "verify_tree_greedy_triton", None)
-        if not callable(greedy_function):
-            raise AdapterUnavailable(
-                f"sglang {version}: API changed, kernels.ops.speculative.spec_tree."
-                f"verify_tree_greedy_triton is missing; install the checked version with: "
-                f"{SGLANG.install}"
-            )
-        require_parameters(
-            SGLANG, version, greedy_function, "verify_tree_greedy_triton", GREEDY_PARAMETERS
+        greedy_function = _checked_function(
+            version, tree, "verify_tree_greedy_triton", GREEDY_PARAMETERS
         )
         greedy = SglangGreedyVerifier(greedy_function, device)
         greedy_tree = SglangGreedyTreeVerifier(greedy_function, device)
@@ -769,15 +774,8 @@ def _cuda_serving_tree(
         AdapterUnavailable: a module missing or a signature other than SGLang 0.5.23's.
     """
     spec_tree = import_engine_module(SGLANG, version, "sglang.kernels.ops.speculative.spec_tree")
-    greedy = getattr(spec_tree, "verify_tree_greedy_func", None)
-    if not callable(greedy):
-        raise AdapterUnavailable(
-            f"sglang {version}: API changed, kernels.ops.speculative.spec_tree."
-            f"verify_tree_greedy_func is missing; install the checked version with: "
-            f"{SGLANG.install}"
-        )
-    require_parameters(
-        SGLANG, version, greedy, "verify_tree_greedy_func", (*GREEDY_PARAMETERS, "topk")
+    greedy = _checked_function(
+        version, spec_tree, "verify_tree_greedy_func", (*GREEDY_PARAMETERS, "topk")
     )
     functions = _engine_functions(
         version, None, greedy, "sglang.kernels.ops.sampling.renorm", function
