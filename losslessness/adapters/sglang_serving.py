@@ -110,7 +110,7 @@ from losslessness.protocol import (
     validate_serving_tree_inputs,
 )
 from losslessness.reference.profiles.steps import unsupported
-from losslessness.reference.tree_layouts import to_sglang
+from losslessness.reference.tree_layouts import SglangTree, to_sglang
 from losslessness.requests import Request
 
 __all__ = [
@@ -373,6 +373,77 @@ class SglangVerifyStep(KernelVerifier):
             )
         return probs
 
+    @staticmethod
+    def all_greedy(params: Sequence[Any]) -> bool:
+        """``SamplingBatchInfo.is_all_greedy``: every request's ``top_k <= 1``."""
+        return all(p.top_k <= 1 for p in params)
+
+    def kernel_step(
+        self,
+        layout: SglangTree,
+        width: int,
+        logits: torch.Tensor,
+        params: Sequence[Any],
+        draft_probs: Callable[[], torch.Tensor],
+        generator: torch.Generator,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``eagle_sample``'s branch on SGLang's layout (lines 638-784): for an all-greedy
+        batch, the greedy kernel on the argmax of ``logits``; otherwise this verifier's kernel
+        on :meth:`target_probs` with ``[B, T]`` float32 coins, then ``[B]`` final uniforms, from
+        ``generator`` (SGLang's unseeded ``torch.rand`` shapes) and thresholds 1.
+
+        Args:
+            layout: the batch's slots, ``[B, T]`` int64 tensors.
+            width: ``accept_index``'s columns (the levels the kernels walk, root included).
+            logits: ``[B*T, V]`` from :meth:`processed_logits`.
+            params: the B requests' ``SamplingParams``.
+            draft_probs: builds the kernel's float32 ``draft_probs``, called on the sampled
+                branch only (a ``[B, k, V]`` table is large at a serving vocabulary).
+            generator: the coins' source.
+
+        Returns:
+            ``(predicts [B*T], accept_index [B, width], accept_token_num [B])`` int32 as the
+            kernel wrote them.
+        """
+        batch, slots = layout.candidates.shape
+        device = self.device
+        predicts = torch.zeros(batch * slots, dtype=torch.int32, device=device)
+        accept_index = torch.full((batch, width), PLACEHOLDER, dtype=torch.int32, device=device)
+        accept_token_num = torch.zeros(batch, dtype=torch.int32, device=device)
+        candidates, index, next_token, sibling = (t.to(device) for t in layout)
+        if self.all_greedy(params):
+            self.engine.greedy(
+                predicts=predicts,
+                accept_index=accept_index,
+                accept_token_num=accept_token_num,
+                candidates=candidates,
+                retrieve_index=index,
+                retrieve_next_token=next_token,
+                retrieve_next_sibling=sibling,
+                target_predict=torch.argmax(logits, dim=-1).reshape(batch, slots).to(device),
+            )
+            return predicts, accept_index, accept_token_num
+        probs = self.target_probs(logits, params).reshape(batch, slots, -1)
+        coins = torch.rand((batch, slots), dtype=torch.float32, generator=generator)
+        final = torch.rand((batch,), dtype=torch.float32, generator=generator)
+        self.function(
+            predicts=predicts,
+            accept_index=accept_index,
+            accept_token_num=accept_token_num,
+            candidates=candidates,
+            retrive_index=index,
+            retrive_next_token=next_token,
+            retrive_next_sibling=sibling,
+            uniform_samples=coins.to(device),
+            uniform_samples_for_final_sampling=final.to(device),
+            target_probs=probs.to(device).contiguous(),
+            draft_probs=draft_probs().to(device),
+            threshold_single=1.0,
+            threshold_acc=1.0,
+            deterministic=True,
+        )
+        return predicts, accept_index, accept_token_num
+
 
 class SglangServingVerifier(SglangVerifyStep):
     """SGLang 0.5.23's EAGLE verify step on a serving batch, chain-shaped, with rejection
@@ -411,7 +482,7 @@ class SglangServingVerifier(SglangVerifyStep):
             target_logits, draft_probs, draft_token_ids, num_draft_tokens, requests, generator
         )
         params = self.sampling_params(requests)
-        nodes, device = k + 1, self.device
+        nodes = k + 1
         counts = num_draft_tokens.to(torch.int64).cpu()
         logits = self.processed_logits(target_logits, params, requests)
         candidates = torch.zeros((batch, nodes), dtype=torch.int64)
@@ -424,46 +495,20 @@ class SglangServingVerifier(SglangVerifyStep):
             PLACEHOLDER,
         ).to(torch.int64)
         sibling = torch.full((batch, nodes), PLACEHOLDER, dtype=torch.int64)
-        accept_index = torch.full((batch, nodes), PLACEHOLDER, dtype=torch.int32, device=device)
-        accept_token_num = torch.zeros(batch, dtype=torch.int32, device=device)
-        predicts = torch.zeros(batch * nodes, dtype=torch.int32, device=device)
-        if all(p.top_k <= 1 for p in params):
-            self.engine.greedy(
-                predicts=predicts,
-                accept_index=accept_index,
-                accept_token_num=accept_token_num,
-                candidates=candidates.to(device),
-                retrieve_index=retrive_index.to(device),
-                retrieve_next_token=next_token.to(device),
-                retrieve_next_sibling=sibling.to(device),
-                target_predict=torch.argmax(logits, dim=-1).reshape(batch, nodes).to(device),
-            )
-            return emitted_chain(predicts, accept_index, accept_token_num)
-        probs = self.target_probs(logits, params)
-        q = torch.zeros((batch, k, vocab), dtype=torch.float32)
-        if draft_probs is None:
-            q[drafted] = torch.nn.functional.one_hot(candidates[:, 1:][drafted], vocab).float()
-        else:
-            q[drafted] = draft_probs.detach().to("cpu", torch.float32)[drafted]
-        coins = torch.rand((batch, nodes), dtype=torch.float32, generator=generator)
-        final = torch.rand((batch,), dtype=torch.float32, generator=generator)
-        self.function(
-            predicts=predicts,
-            accept_index=accept_index,
-            accept_token_num=accept_token_num,
-            candidates=candidates.to(device),
-            retrive_index=retrive_index.to(device),
-            retrive_next_token=next_token.to(device),
-            retrive_next_sibling=sibling.to(device),
-            uniform_samples=coins.to(device),
-            uniform_samples_for_final_sampling=final.to(device),
-            target_probs=probs.reshape(batch, nodes, vocab).to(device).contiguous(),
-            draft_probs=q.to(device),
-            threshold_single=1.0,
-            threshold_acc=1.0,
-            deterministic=True,
+
+        def draft() -> torch.Tensor:
+            # A deterministic drafter's law is one-hot at its draft; no law after a row's drafts.
+            q = torch.zeros((batch, k, vocab), dtype=torch.float32)
+            if draft_probs is None:
+                q[drafted] = torch.nn.functional.one_hot(candidates[:, 1:][drafted], vocab).float()
+            else:
+                q[drafted] = draft_probs.detach().to("cpu", torch.float32)[drafted]
+            return q
+
+        layout = SglangTree(candidates, retrive_index, next_token, sibling)
+        return emitted_chain(
+            *self.kernel_step(layout, nodes, logits, params, draft, generator)
         )
-        return emitted_chain(predicts, accept_index, accept_token_num)
 
 
 class SglangServingTreeVerifier(SglangVerifyStep):
@@ -519,52 +564,18 @@ class SglangServingTreeVerifier(SglangVerifyStep):
             target_logits, draft_probs, parents, token_ids, draft_scheme, requests, generator
         )
         params = self.sampling_params(requests)
-        greedy = all(p.top_k <= 1 for p in params)
-        if not greedy:
+        if not self.all_greedy(params):
             self._require_sampled_path(draft_scheme)
-        device, slots = self.device, nodes + 1
         tree = parents.long().cpu()
         layout = to_sglang(tree, token_ids.long().cpu(), torch.zeros(batch, dtype=torch.int64))
         logits = self.processed_logits(target_logits, params, requests)
-        predicts = torch.zeros(batch * slots, dtype=torch.int32, device=device)
-        accept_index = torch.full(
-            (batch, int(tree_depths(tree).max()) + 1), PLACEHOLDER, dtype=torch.int32,
-            device=device,
-        )
-        accept_token_num = torch.zeros(batch, dtype=torch.int32, device=device)
-        candidates, index, next_token, sibling = (t.to(device) for t in layout)
-        if greedy:
-            self.engine.greedy(
-                predicts=predicts,
-                accept_index=accept_index,
-                accept_token_num=accept_token_num,
-                candidates=candidates,
-                retrieve_index=index,
-                retrieve_next_token=next_token,
-                retrieve_next_sibling=sibling,
-                target_predict=torch.argmax(logits, dim=-1).reshape(batch, slots).to(device),
-            )
-            return emitted_tree(predicts, accept_index, accept_token_num)
-        probs = self.target_probs(logits, params).reshape(batch, slots, vocab)
-        coins = torch.rand((batch, slots), dtype=torch.float32, generator=generator)
-        final = torch.rand((batch,), dtype=torch.float32, generator=generator)
-        self.function(
-            predicts=predicts,
-            accept_index=accept_index,
-            accept_token_num=accept_token_num,
-            candidates=candidates,
-            retrive_index=index,
-            retrive_next_token=next_token,
-            retrive_next_sibling=sibling,
-            uniform_samples=coins.to(device),
-            uniform_samples_for_final_sampling=final.to(device),
-            target_probs=probs.to(device).contiguous(),
-            draft_probs=torch.zeros((batch, slots, vocab), dtype=torch.float32, device=device),
-            threshold_single=1.0,
-            threshold_acc=1.0,
-            deterministic=True,
-        )
-        return emitted_tree(predicts, accept_index, accept_token_num)
+
+        def draft() -> torch.Tensor:
+            # SGLang's target-only call: no draft law (the kernel overwrites rejected entries).
+            return torch.zeros((batch, nodes + 1, vocab), dtype=torch.float32)
+
+        width = int(tree_depths(tree).max()) + 1
+        return emitted_tree(*self.kernel_step(layout, width, logits, params, draft, generator))
 
     def _require_sampled_path(self, draft_scheme: str) -> None:
         """Refuse what the sampled branch cannot run here (NotApplicable, with the reason)."""
